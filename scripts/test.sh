@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Install everything the test suite needs into .venv, then run the whole suite.
+# Usage: scripts/test.sh [pytest args...]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python3 -m venv .venv
+# torch first and pinned: the CPU wheel; anything unpinned could pull a multi-GB CUDA build
+.venv/bin/pip install --quiet --disable-pip-version-check torch==2.13.0
+.venv/bin/pip install --quiet --disable-pip-version-check -e '.[test]'
+.venv/bin/ruff check src tests examples benchmarks
+.venv/bin/mypy
+exec .venv/bin/pytest "$@"

@@ -1,0 +1,136 @@
+"""Trainer -> supervisor messages: JSON datagrams on a Unix socket named by `ESIWRAP_SOCKET`.
+
+Datagrams keep message boundaries, need no connection, and a full or missing receiver makes
+`send` fail at once instead of blocking a training step. Messages (every one carries `pid`):
+
+    {"type": "hello", "pid": P, "rank": 0, "world_size": 1, "saves": true, "signal": true,
+     "stop_signal": "SIGINT", "integration": "plain", "version": "..."}
+    {"type": "step", "pid": P, "step": N, "duration_s": 1.23}
+    {"type": "save_begin", "pid": P, "step": N}
+    {"type": "save_end", "pid": P, "step": N, "ok": true, "path": "...", "duration_s": 4.5,
+     "error": "..."}
+
+`hello.signal` false means "do not signal me" (a process reached through a relay, such as
+verl's TaskRunner behind its driver); `hello.saves` false means "I take no part in saves" (ranks
+of a rank-0-only checkpoint).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import tempfile
+from dataclasses import dataclass, field
+from typing import Any
+
+SOCKET_ENV = "ESIWRAP_SOCKET"
+SIGNAL_ENV = "ESIWRAP_SIGNAL"
+MAX_DATAGRAM = 64 * 1024
+MESSAGE_TYPES = frozenset({"hello", "step", "save_begin", "save_end", "bye"})
+
+
+@dataclass(frozen=True)
+class Message:
+    type: str
+    pid: int
+    fields: dict[str, Any] = field(default_factory=dict)
+
+    def get_int(self, key: str, default: int = 0) -> int:
+        value = self.fields.get(key, default)
+        return value if isinstance(value, int) and not isinstance(value, bool) else default
+
+    def get_float(self, key: str, default: float = 0.0) -> float:
+        value = self.fields.get(key, default)
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        return float(value) if ok else default
+
+    def get_str(self, key: str, default: str = "") -> str:
+        value = self.fields.get(key, default)
+        return value if isinstance(value, str) else default
+
+    def get_bool(self, key: str, default: bool) -> bool:
+        value = self.fields.get(key, default)
+        return value if isinstance(value, bool) else default
+
+
+def decode(data: bytes) -> Message | None:
+    """A message, or None for anything that is not one of ours (never raises)."""
+    try:
+        obj = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        return None
+    if not isinstance(obj, dict) or obj.get("type") not in MESSAGE_TYPES:
+        return None
+    pid = obj.get("pid")
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+        return None
+    return Message(type=obj["type"], pid=pid, fields=obj)
+
+
+class ChannelServer:
+    """The supervisor's end: a bound datagram socket in a private directory."""
+
+    def __init__(self) -> None:
+        self._dir = tempfile.mkdtemp(prefix="esiwrap-")  # mode 0700: only our user can send
+        self.path = os.path.join(self._dir, "channel.sock")
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self._sock.bind(self.path)
+        self._sock.setblocking(False)
+
+    def fileno(self) -> int:
+        return self._sock.fileno()
+
+    def receive(self) -> list[Message]:
+        """Every message waiting now; malformed datagrams are dropped."""
+        messages: list[Message] = []
+        while True:
+            try:
+                data = self._sock.recv(MAX_DATAGRAM)
+            except (BlockingIOError, InterruptedError):
+                return messages
+            message = decode(data)
+            if message is not None:
+                messages.append(message)
+
+    def close(self) -> None:
+        self._sock.close()
+        with contextlib.suppress(OSError):
+            os.unlink(self.path)
+        with contextlib.suppress(OSError):
+            os.rmdir(self._dir)
+
+
+class ChannelClient:
+    """The trainer's end. `send` never blocks and never raises: training comes first."""
+
+    def __init__(self, path: str | None) -> None:
+        self.path = path
+        self._sock: socket.socket | None = None
+
+    @classmethod
+    def from_env(cls) -> ChannelClient:
+        return cls(os.environ.get(SOCKET_ENV) or None)
+
+    @property
+    def connected(self) -> bool:
+        return self.path is not None
+
+    def send(self, message_type: str, **fields: Any) -> bool:
+        if self.path is None:
+            return False
+        payload = {"type": message_type, "pid": os.getpid(), **fields}
+        try:
+            if self._sock is None:
+                self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+                self._sock.setblocking(False)
+            self._sock.sendto(json.dumps(payload).encode("utf-8"), self.path)
+        except (OSError, TypeError, ValueError):
+            return False
+        return True
+
+    def close(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None

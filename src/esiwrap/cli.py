@@ -1,0 +1,381 @@
+"""Command line: `esiwrap [OPTIONS] -- COMMAND...`, `esiwrap deadline`, and the other subcommands.
+
+Every option can also come from `ESIWRAP_<NAME>` (the flag wins). Bad values stop here with exit
+2 and one line naming the input, the bad value and a good example; nothing below this module
+parses user text.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, NoReturn
+
+from esiwrap import __version__
+from esiwrap.deadline import Answer, TimeParseError, ask_all, parse_duration, parse_when, winner
+from esiwrap.deadline.registry import DEFAULT_SOURCES, SourceSettings, build_sources, parse_source_names
+from esiwrap.errors import (
+    EXIT_FAILURE,
+    EXIT_NO_DEADLINE,
+    EXIT_OK,
+    EXIT_USAGE,
+    EsiwrapError,
+    UsageError,
+)
+from esiwrap.policy import PolicyConfig
+
+SUBCOMMANDS = ("deadline", "report", "systemd-unit")
+SAVE_SIGNALS = ("SIGUSR1", "SIGUSR2")
+STOP_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGKILL")
+
+
+@dataclass(frozen=True)
+class Option:
+    flag: str
+    parse: Callable[[str], Any]
+    default: Any
+    example: str
+    help: str
+    choices: tuple[str, ...] = ()
+
+    @property
+    def dest(self) -> str:
+        return self.flag.lstrip("-").replace("-", "_")
+
+    @property
+    def env(self) -> str:
+        return "ESIWRAP_" + self.dest.upper()
+
+
+def _seconds(text: str) -> float:
+    try:
+        return parse_duration(text)
+    except TimeParseError:
+        msg = "not a number of seconds"
+        raise ValueError(msg) from None
+
+
+def _positive_int(text: str) -> int:
+    value = int(text.strip())
+    if value < 1:
+        msg = "must be at least 1"
+        raise ValueError(msg)
+    return value
+
+
+def _quantile(text: str) -> float:
+    if text.strip().lower() == "max":
+        return 1.0
+    value = float(text)
+    if not 0.0 < value <= 1.0:
+        msg = "must be in (0, 1] or 'max'"
+        raise ValueError(msg)
+    return value
+
+
+def _bool(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off", ""):
+        return False
+    msg = "not a boolean"
+    raise ValueError(msg)
+
+
+def _signal_parser(allowed: Sequence[str]) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        name = text.strip().upper()
+        if name.isdigit():
+            name = signal.Signals(int(name)).name
+        if not name.startswith("SIG"):
+            name = "SIG" + name
+        if name not in allowed:
+            msg = f"must be one of {', '.join(allowed)}"
+            raise ValueError(msg)
+        return int(signal.Signals[name])
+
+    return parse
+
+
+def _choice(allowed: Sequence[str]) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        value = text.strip().lower()
+        if value not in allowed:
+            msg = f"must be one of {', '.join(allowed)}"
+            raise ValueError(msg)
+        return value
+
+    return parse
+
+
+def _identity(text: str) -> str:
+    return text
+
+
+def _deadline_text(text: str) -> str:
+    parse_when(text, time.time())  # validate now; the source parses again at launch
+    return text
+
+
+def _sources(text: str) -> list[str]:
+    try:
+        return parse_source_names(text)
+    except UsageError:
+        msg = "unknown source name"
+        raise ValueError(msg) from None
+
+
+SOURCE_OPTIONS = (
+    Option("--deadline", _deadline_text, None, "+2h or 2026-09-14T20:30:00+08:00",
+           "expiry: epoch s/ms, ISO-8601 with offset, or +90s/+15m/+2h; overrides discovery"),
+    Option("--sources", _sources, list(DEFAULT_SOURCES), ",".join(DEFAULT_SOURCES),
+           "ordered deadline sources"),
+    Option("--sagemaker-lead", _seconds, 1800.0, "1800",
+           "seconds before a SageMaker capacity block's end time that termination starts"),
+    Option("--refresh", _seconds, 300.0, "300", "seconds between deadline re-resolutions"),
+)
+
+RUN_OPTIONS = (
+    Option("--redundant-time", _seconds, 120.0, "120", "slack before the deadline for the insurance save"),
+    Option("--save-duration", _seconds, 60.0, "60", "initial save-time estimate, until a save is measured"),
+    Option("--step-window", _positive_int, 100, "100", "how many recent step intervals to learn from"),
+    Option("--step-quantile", _quantile, 0.99, "0.99 or max", "quantile of the window used as the step time"),
+    Option("--final-save", _bool, True, "true", "after the insurance save, keep training and save again"),
+    Option("--final-margin", _seconds, 10.0, "10", "slack before the deadline for final saves"),
+    Option("--after-save", _choice(("stop", "continue")), "stop", "stop",
+           "what to do once the last planned save is acknowledged", ("stop", "continue")),
+    Option("--stop-grace", _seconds, 30.0, "30", "seconds between the stop signal and SIGKILL"),
+    Option("--on-sigterm", _choice(("checkpoint", "forward")), "checkpoint", "checkpoint",
+           "SIGTERM to esiwrap: save first, or just forward", ("checkpoint", "forward")),
+    Option("--signal", _signal_parser(SAVE_SIGNALS), int(signal.SIGUSR1), "SIGUSR1",
+           "the save signal sent to registered trainers", SAVE_SIGNALS),
+    Option("--signal-child", _bool, False, "true",
+           "send the save signal to the direct child, which handles it itself"),
+    Option("--stop-signal", _signal_parser(STOP_SIGNALS), int(signal.SIGTERM), "SIGTERM",
+           "first signal of the stop sequence", STOP_SIGNALS),
+)
+
+LOG_OPTIONS = (
+    Option("--log-file", _identity, None, "/var/log/esiwrap/job.jsonl", "also write JSON lines here"),
+    Option("--log-format", _choice(("json", "console")), None, "json",
+           "json (default when stderr is not a terminal) or console", ("json", "console")),
+    Option("--log-level", _choice(("debug", "info", "warning", "error")), "info", "info",
+           "least severe level written", ("debug", "info", "warning", "error")),
+)
+
+BOOLEAN_FLAGS = {"--final-save", "--signal-child"}
+
+
+def fail(message: str, code: int = EXIT_USAGE) -> NoReturn:
+    print(f"esiwrap: {message}", file=sys.stderr)
+    raise SystemExit(code)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but errors are one line and exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        fail(f"{message}; see esiwrap --help")
+
+
+def _add_options(parser: argparse.ArgumentParser, options: Sequence[Option]) -> None:
+    for opt in options:
+        env_note = f" [env {opt.env}; default {opt.example if opt.default is None else opt.default}]"
+        if opt.flag in BOOLEAN_FLAGS:
+            negative = "--no-" + opt.flag[2:]
+            parser.add_argument(opt.flag, dest=opt.dest, action="store_const", const="true",
+                                help=opt.help + env_note)
+            parser.add_argument(negative, dest=opt.dest, action="store_const", const="false",
+                                help=argparse.SUPPRESS if opt.flag == "--signal-child" else "the opposite")
+        else:
+            metavar = opt.dest.upper() if not opt.choices else "{" + ",".join(opt.choices) + "}"
+            parser.add_argument(opt.flag, dest=opt.dest, metavar=metavar, help=opt.help + env_note)
+
+
+def resolve_options(
+    ns: argparse.Namespace, options: Sequence[Option], environ: Mapping[str, str]
+) -> dict[str, Any]:
+    """Flag, else ESIWRAP_<NAME>, else default; each parsed with a one-line error on failure."""
+    values: dict[str, Any] = {}
+    for opt in options:
+        raw = getattr(ns, opt.dest, None)
+        label = opt.flag
+        if raw is None and environ.get(opt.env, "").strip():
+            raw, label = environ[opt.env], opt.env
+        if raw is None:
+            values[opt.dest] = opt.default
+            continue
+        try:
+            values[opt.dest] = opt.parse(raw)
+        except (ValueError, KeyError) as exc:
+            reason = _reason(exc)
+            shown = "e.g." in reason or opt.example.split()[0] in reason
+            example = "" if shown else f"; e.g. {opt.flag} {opt.example}"
+            fail(f"{label} {raw!r}: {reason}{example}")
+    return values
+
+
+def _reason(exc: BaseException) -> str:
+    text = str(exc)
+    if "invalid literal" in text or "could not convert" in text:
+        return "not a number"
+    if isinstance(exc, KeyError):
+        return "unknown name"
+    return text or type(exc).__name__
+
+
+def build_run_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="esiwrap",
+        usage="esiwrap [OPTIONS] -- COMMAND [ARGS...]\n       esiwrap {deadline,report,systemd-unit} ...",
+        description="Run COMMAND and checkpoint it at the last safe moment before the capacity it "
+        "runs on is reclaimed. Exit codes: the child's own; 75 stopped after a completed "
+        "checkpoint; 76 no acknowledged checkpoint before the deadline; 2 usage; 126/127 command "
+        "not executable/not found; 1 esiwrap failed.",
+    )
+    parser.add_argument("--version", action="version", version=f"esiwrap {__version__}")
+    _add_options(parser, SOURCE_OPTIONS + RUN_OPTIONS + LOG_OPTIONS)
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="the training command")
+    return parser
+
+
+def build_deadline_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="esiwrap deadline",
+                     description="Ask every deadline source, print what each said and the winner. "
+                     "Exit 0 when a deadline is known, 3 when none.")
+    parser.add_argument("--json", action="store_true", help="one JSON object for machines")
+    _add_options(parser, SOURCE_OPTIONS)
+    return parser
+
+
+def source_settings(values: Mapping[str, Any]) -> SourceSettings:
+    return SourceSettings(
+        deadline=values["deadline"],
+        sagemaker_lead_s=values["sagemaker_lead"],
+        refresh_s=values["refresh"],
+    )
+
+
+def policy_config(values: Mapping[str, Any]) -> PolicyConfig:
+    return PolicyConfig(
+        redundant_s=values["redundant_time"],
+        save_duration_s=values["save_duration"],
+        step_window=values["step_window"],
+        step_quantile=values["step_quantile"],
+        final_save=values["final_save"],
+        final_margin_s=values["final_margin"],
+    )
+
+
+def run(argv: Sequence[str], environ: Mapping[str, str]) -> int:
+    args, command = _split_command(argv)
+    ns = build_run_parser().parse_args(args)
+    command = command if command is not None else list(ns.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        fail("no command given; e.g. esiwrap --deadline +2h -- python train.py")
+    values = resolve_options(ns, SOURCE_OPTIONS + RUN_OPTIONS + LOG_OPTIONS, environ)
+
+    from esiwrap import log
+    from esiwrap.supervisor import Supervisor, SupervisorConfig
+
+    run_id = log.new_run_id()
+    log.configure(run_id, level=values["log_level"], fmt=values["log_format"], log_file=values["log_file"])
+    config = SupervisorConfig(
+        argv=command,
+        policy=policy_config(values),
+        save_signal=values["signal"],
+        stop_signal=values["stop_signal"],
+        stop_grace_s=values["stop_grace"],
+        after_save=values["after_save"],
+        on_sigterm=values["on_sigterm"],
+        signal_child=values["signal_child"],
+        run_id=run_id,
+    )
+    sources = build_sources(values["sources"], source_settings(values), environ, time.time())
+    return Supervisor(config, sources, environ).run()
+
+
+def deadline_command(argv: Sequence[str], environ: Mapping[str, str]) -> int:
+    ns = build_deadline_parser().parse_args(list(argv))
+    values = resolve_options(ns, SOURCE_OPTIONS, environ)
+    now = time.time()
+    sources = build_sources(values["sources"], source_settings(values), environ, now)
+    answers = ask_all(sources, now)
+    best = winner(answers)
+    if ns.json:
+        print(json.dumps(_deadline_report(answers, best, now), indent=2))
+    else:
+        _print_deadline_table(answers, best, now)
+    return EXIT_OK if best is not None else EXIT_NO_DEADLINE
+
+
+def _deadline_report(answers: Sequence[Answer], best: Any, now: float) -> dict[str, Any]:
+    def one(answer: Answer) -> dict[str, Any]:
+        if answer.deadline is None:
+            return {"source": answer.source, "ok": False, "reason": answer.reason}
+        d = answer.deadline
+        return {"source": answer.source, "ok": True, "deadline": d.iso(), "epoch": d.at,
+                "raw": d.raw, "lead_s": d.lead_s, "remaining_s": round(d.at - now, 3), **d.detail}
+
+    report: dict[str, Any] = {"sources": [one(a) for a in answers]}
+    if best is None:
+        report.update(deadline=None, source=None, reason="no source knows the deadline")
+    else:
+        report.update(deadline=best.iso(), epoch=best.at, source=best.source,
+                      remaining_s=round(best.at - now, 3))
+    return report
+
+
+def _print_deadline_table(answers: Sequence[Answer], best: Any, now: float) -> None:
+    width = max((len(a.source) for a in answers), default=6)
+    for answer in answers:
+        if answer.deadline is None:
+            print(f"{answer.source:<{width}}  unavailable: {answer.reason}")
+        else:
+            d = answer.deadline
+            lead = f", lead {d.lead_s:g}s applied" if d.lead_s else ""
+            print(f"{answer.source:<{width}}  {d.iso()} (in {d.at - now:.0f}s; raw {d.raw!r}{lead})")
+    if not answers:
+        print("no sources configured (--sources)")
+    if best is None:
+        print("deadline: unknown (no source answered); pass --deadline or set a source up")
+    else:
+        print(f"deadline: {best.iso()} from {best.source}, {best.at - now:.0f}s from now")
+
+
+def _split_command(argv: Sequence[str]) -> tuple[list[str], list[str] | None]:
+    items = list(argv)
+    if "--" in items:
+        index = items.index("--")
+        return items[:index], items[index + 1:]
+    return items, None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    environ = dict(os.environ)
+    try:
+        if args and args[0] in SUBCOMMANDS:
+            return _subcommand(args[0], args[1:], environ)
+        return run(args, environ)
+    except UsageError as exc:
+        fail(str(exc))
+    except EsiwrapError as exc:
+        fail(str(exc), EXIT_FAILURE)
+    except KeyboardInterrupt:
+        return 130
+
+
+def _subcommand(name: str, argv: Sequence[str], environ: Mapping[str, str]) -> int:
+    if name == "deadline":
+        return deadline_command(argv, environ)
+    fail(f"'{name}' is not available in this version")

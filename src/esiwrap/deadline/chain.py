@@ -1,0 +1,47 @@
+"""Ask every source, keep every answer, pick the winner.
+
+`--deadline` (the `cli` source) overrides discovery; otherwise the earliest deadline among the
+sources that answered wins, because the first reclamation is the one that counts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from esiwrap.deadline.value import Deadline, Source
+from esiwrap.errors import SourceUnavailable
+
+OVERRIDING_SOURCES = frozenset({"cli"})
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What one source said: a deadline, or the reason it could not say."""
+
+    source: str
+    deadline: Deadline | None = None
+    reason: str = ""
+    expected: bool = False  # the source does not apply here; not worth a warning
+
+
+def ask(source: Source, now: float) -> Answer:
+    """One source's answer; never raises for the source's own failures."""
+    try:
+        return Answer(source.name, deadline=source.resolve(now))
+    except SourceUnavailable as exc:
+        return Answer(source.name, reason=str(exc), expected=exc.expected)
+    except Exception as exc:  # a source bug must not take training down
+        return Answer(source.name, reason=f"unexpected {type(exc).__name__}: {exc}")
+
+
+def ask_all(sources: Sequence[Source], now: float) -> list[Answer]:
+    return [ask(source, now) for source in sources]
+
+
+def winner(answers: Iterable[Answer]) -> Deadline | None:
+    """The deadline that rules: an overriding source if one answered, else the earliest."""
+    known = [a.deadline for a in answers if a.deadline is not None]
+    overriding = [d for d in known if d.source in OVERRIDING_SOURCES]
+    pool = overriding or known
+    return min(pool, key=lambda d: d.at) if pool else None

@@ -1,0 +1,67 @@
+"""Sources that need no network: the `--deadline` flag and the platforms' environment variables."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from esiwrap.deadline.parse import TimeParseError, parse_epoch, parse_when
+from esiwrap.deadline.value import Deadline
+from esiwrap.errors import SourceUnavailable
+
+MLP_VAR = "MLP_CURRENT_CAPACITY_BLOCK_EXPIRATION_TIMESTAMP"
+SAGEMAKER_VAR = "SAGEMAKER_CURRENT_CAPACITY_BLOCK_EXPIRATION_TIMESTAMP"
+
+
+@dataclass
+class CliSource:
+    """`--deadline WHEN`. Parsed once at start-up so `+2h` means two hours from launch."""
+
+    text: str
+    anchor: float
+    name: str = "cli"
+
+    @property
+    def period_s(self) -> float | None:
+        return None
+
+    def resolve(self, now: float) -> Deadline:
+        try:
+            at = parse_when(self.text, self.anchor)
+        except TimeParseError as exc:
+            raise SourceUnavailable(str(exc)) from None
+        return Deadline(at=at, source=self.name, raw=self.text)
+
+
+@dataclass
+class EnvSource:
+    """An epoch timestamp in an environment variable, minus the platform's lead time."""
+
+    var: str
+    environ: Mapping[str, str]
+    name: str
+    lead_s: float = 0.0
+
+    @property
+    def period_s(self) -> float | None:
+        return None  # our own environment cannot change under us
+
+    def resolve(self, now: float) -> Deadline:
+        raw = self.environ.get(self.var)
+        if raw is None or not raw.strip():
+            msg = f"{self.var} is not set"
+            raise SourceUnavailable(msg, expected=True)
+        try:
+            end = parse_epoch(raw)
+        except TimeParseError as exc:
+            msg = f"{self.var}={raw!r} is unusable: {exc}"
+            raise SourceUnavailable(msg) from None
+        return Deadline(at=end - self.lead_s, source=self.name, raw=raw.strip(), lead_s=self.lead_s)
+
+
+def env_sources(environ: Mapping[str, str], sagemaker_lead_s: float) -> list[EnvSource]:
+    """The `env` entry of `--sources`: Volcengine ML platform, then SageMaker capacity blocks."""
+    return [
+        EnvSource(MLP_VAR, environ, "env:MLP"),
+        EnvSource(SAGEMAKER_VAR, environ, "env:SAGEMAKER", lead_s=sagemaker_lead_s),
+    ]

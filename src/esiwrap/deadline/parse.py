@@ -1,0 +1,105 @@
+"""Turn what people and clouds write for a moment in time into epoch seconds.
+
+Accepted: epoch seconds or milliseconds (told apart by magnitude), ISO-8601 / RFC 3339 with an
+offset or `Z`, and relative `+90s`, `+15m`, `+2h`, `+1d` (relative to `now`, an argument).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from datetime import datetime
+
+_HINT = "use ISO-8601 like 2026-09-14T20:30:00+08:00, epoch seconds, or +2h"
+_RELATIVE = re.compile(r"^\+\s*(\d+(?:\.\d+)?)\s*([smhd]?)$", re.IGNORECASE)
+_UNIT_S = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_NUMBER = re.compile(r"^[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?$")
+# Epoch values at or above this are milliseconds: 1e11 s is the year 5138, 1e11 ms is 1973.
+_MS_THRESHOLD = 1e11
+_ISO_SHAPE = re.compile(r"^\d{4}-\d{1,2}-\d{1,2}")
+
+
+class TimeParseError(ValueError):
+    """The text is not a moment in time; the message says why and what would be."""
+
+
+def parse_epoch(text: str) -> float:
+    """Epoch seconds or milliseconds (floats and surrounding whitespace tolerated)."""
+    stripped = text.strip()
+    if not _NUMBER.match(stripped):
+        msg = "not a number of epoch seconds or milliseconds"
+        raise TimeParseError(msg)
+    value = float(stripped)
+    if not math.isfinite(value) or value <= 0:
+        msg = "not a positive epoch time"
+        raise TimeParseError(msg)
+    return value / 1000.0 if value >= _MS_THRESHOLD else value
+
+
+def parse_duration(text: str) -> float:
+    """Seconds, with an optional unit: `90`, `90s`, `15m`, `2h`, `1d`."""
+    match = re.match(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$", text, re.IGNORECASE)
+    if not match:
+        msg = "not a duration; use seconds like 90, or 90s, 15m, 2h"
+        raise TimeParseError(msg)
+    return float(match.group(1)) * _UNIT_S[match.group(2).lower()]
+
+
+def parse_iso(text: str) -> float:
+    """ISO-8601 / RFC 3339 with an offset or `Z`; a naive time is refused (which zone would it be?)."""
+    stripped = text.strip()
+    normalized = stripped[:-1] + "+00:00" if stripped[-1:] in ("z", "Z") else stripped
+    try:
+        moment = datetime.fromisoformat(_trim_fraction(normalized))
+    except ValueError as exc:
+        msg = f"{_explain(exc)}; {_HINT}"
+        raise TimeParseError(msg) from None
+    if moment.tzinfo is None:
+        example = stripped if "T" in stripped or " " in stripped else stripped + "T00:00:00"
+        msg = f"no UTC offset; add one, e.g. {example}+08:00 or {example}Z"
+        raise TimeParseError(msg)
+    return moment.timestamp()
+
+
+def parse_when(text: str, now: float) -> float:
+    """Any accepted form of a deadline, as epoch seconds. `now` anchors relative forms."""
+    stripped = text.strip()
+    if not stripped:
+        msg = f"empty value; {_HINT}"
+        raise TimeParseError(msg)
+    relative = _RELATIVE.match(stripped)
+    if relative:
+        return now + float(relative.group(1)) * _UNIT_S[relative.group(2).lower()]
+    if stripped.startswith("+"):
+        msg = "not a relative time; write +90s, +15m or +2h"
+        raise TimeParseError(msg)
+    if _NUMBER.match(stripped):
+        return parse_epoch(stripped)
+    if _ISO_SHAPE.match(stripped):
+        return parse_iso(stripped)
+    msg = f"not a time; {_HINT}"
+    raise TimeParseError(msg)
+
+
+def _trim_fraction(text: str) -> str:
+    """Python 3.10's fromisoformat takes 3 or 6 fractional digits only; clouds send 1 to 9."""
+    match = re.match(r"^(.*T\d{2}:\d{2}:\d{2})\.(\d+)(.*)$", text)
+    if not match:
+        return text
+    head, fraction, tail = match.groups()
+    return f"{head}.{fraction[:6].ljust(6, '0')}{tail}"
+
+
+def _explain(exc: ValueError) -> str:
+    reason = str(exc)
+    if "day is out of range" in reason:
+        return "day is out of range for the month"
+    if "month" in reason:
+        return "month must be 1..12"
+    if "hour" in reason:
+        return "hour must be 0..23"
+    if "minute" in reason:
+        return "minute must be 0..59"
+    if "second" in reason:
+        return "second must be 0..59"
+    return "not a valid ISO-8601 time"

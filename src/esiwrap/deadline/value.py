@@ -1,0 +1,52 @@
+"""The `Deadline` value and the `Source` protocol every deadline source implements."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Protocol, runtime_checkable
+
+
+@dataclass(frozen=True)
+class Deadline:
+    """When the capacity goes away, as wall-clock epoch seconds (UTC).
+
+    `at` already includes any per-source lead (SageMaker capacity blocks start terminating
+    30 minutes before their end time); `raw` is what the source said, for the log.
+    """
+
+    at: float
+    source: str
+    raw: str = ""
+    lead_s: float = 0.0
+    detail: dict[str, str] = field(default_factory=dict, compare=False)
+
+    def iso(self) -> str:
+        return iso_utc(self.at)
+
+    def remaining_s(self, now: float) -> float:
+        return self.at - now
+
+
+def iso_utc(epoch_s: float) -> str:
+    """Epoch seconds as ISO-8601 UTC with milliseconds, e.g. 2026-11-30T02:15:11.123Z."""
+    text = datetime.fromtimestamp(epoch_s, tz=timezone.utc).isoformat(timespec="milliseconds")
+    return text.replace("+00:00", "Z")
+
+
+@runtime_checkable
+class Source(Protocol):
+    """A place that may know the deadline.
+
+    `resolve` either returns a `Deadline` or raises `SourceUnavailable` with a reason a person
+    can act on. It may block on I/O (the supervisor calls it off its loop), and it must bound
+    its own time. `period_s` is how often it is worth asking again (None: its answer cannot
+    change during this run, e.g. a command-line flag or our own environment).
+    """
+
+    name: str
+
+    @property
+    def period_s(self) -> float | None: ...
+
+    def resolve(self, now: float) -> Deadline: ...

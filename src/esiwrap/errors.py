@@ -1,0 +1,58 @@
+"""Exit codes and the exceptions that carry them: one shutdown path, every code a named constant."""
+
+from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_FAILURE = 1  # esiwrap's own failure, with a one-line reason
+EXIT_USAGE = 2
+EXIT_NO_DEADLINE = 3  # `esiwrap deadline`: no source answered
+EXIT_CHECKPOINTED = 75  # EX_TEMPFAIL: stopped after a completed checkpoint; resume elsewhere
+EXIT_SAVE_MISSED = 76  # stopped with no acknowledged checkpoint (deadline passed, or nothing attached)
+EXIT_NOT_EXECUTABLE = 126
+EXIT_NOT_FOUND = 127
+
+
+class EsiwrapError(Exception):
+    """Base class: a failure with a message meant for a person."""
+
+
+class UsageError(EsiwrapError):
+    """Bad input from the user: one line that names the input and the fix; exit 2."""
+
+
+class CommandError(EsiwrapError):
+    """The command could not be started (127 not found, 126 not executable)."""
+
+    def __init__(self, message: str, exit_status: int) -> None:
+        super().__init__(message)
+        self.exit_status = exit_status
+
+
+class SourceUnavailable(EsiwrapError):
+    """A deadline source could not answer; the reason is for a person to act on.
+
+    `expected` marks the ordinary case of a source that does not apply here (a variable that is
+    not set, not running on that cloud): logged at info level, not as a warning.
+    """
+
+    def __init__(self, reason: str, *, expected: bool = False) -> None:
+        super().__init__(reason)
+        self.expected = expected
+
+
+class Halt(Exception):
+    """Raised once inside the supervisor loop to leave it with a reason and an exit status."""
+
+    def __init__(self, reason: str, exit_status: int) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.exit_status = exit_status
+
+
+def exit_status_of(wait_status: int) -> int:
+    """Shell convention: the exit code, or 128+N when killed by signal N."""
+    import os
+
+    if os.WIFSIGNALED(wait_status):
+        return 128 + os.WTERMSIG(wait_status)
+    return os.waitstatus_to_exitcode(wait_status)

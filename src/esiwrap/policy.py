@@ -1,0 +1,162 @@
+"""When to ask for a checkpoint: pure functions of what was observed; time is always an argument.
+
+The rule (verl's, with measured inputs):
+
+    signal_at = deadline - (step_estimate + save_estimate + reserve)
+
+A signal at `signal_at` becomes a save at the trainer's next step boundary, which comes at most one
+step later; the save then takes `save_estimate`; `reserve` is slack (`--redundant-time` for the
+insurance save, `--final-margin` for the saves after it).
+
+* step_estimate: the `--step-quantile` of the last `--step-window` boundary-to-boundary intervals
+  (validation and the trainer's own saves count; saves esiwrap asked for are measured separately and
+  subtracted). The time the current step has already run is a lower bound, before the first interval
+  is known too: never assume 0 (verl's bug).
+* save_estimate: `--save-duration` until a save is observed, then the longest observed save times
+  SAVE_SAFETY_FACTOR, so it never falls below what was seen.
+
+The supervisor and `benchmarks/simulate.py` both drive this module; nothing here reads a clock.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+SAVE_SAFETY_FACTOR = 1.25
+RESCHEDULE_LOG_THRESHOLD_S = 5.0
+
+SaveKind = Literal["insurance", "final"]
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    redundant_s: float = 120.0
+    save_duration_s: float = 60.0
+    step_window: int = 100
+    step_quantile: float = 0.99  # 1.0 is the maximum (`--step-quantile max`)
+    final_save: bool = True
+    final_margin_s: float = 10.0
+    save_safety_factor: float = SAVE_SAFETY_FACTOR
+
+
+def quantile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank quantile (never interpolates below an observed value); q=1 is the maximum."""
+    if not values:
+        msg = "quantile of no values"
+        raise ValueError(msg)
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q * len(ordered)))
+    return ordered[min(rank, len(ordered)) - 1]
+
+
+class Observations:
+    """What the trainer has told the supervisor so far; updated only from arguments."""
+
+    def __init__(self, step_window: int) -> None:
+        self.intervals: deque[float] = deque(maxlen=step_window)
+        self.save_durations: list[float] = []
+        self.last_step: int | None = None
+        self.step_started_at: float | None = None  # wall time the running step began
+        self._exclude_next_s = 0.0
+
+    def trainer_started(self, at: float) -> None:
+        """A trainer attached: its current step began no later than now."""
+        if self.step_started_at is None:
+            self.step_started_at = at
+
+    def record_step(self, step: int, duration_s: float, at: float) -> float:
+        """A step boundary at `at`; returns the interval that entered the window."""
+        interval = max(0.0, duration_s - self._exclude_next_s)
+        self._exclude_next_s = 0.0
+        self.intervals.append(interval)
+        self.last_step = step
+        self.step_started_at = at
+        return interval
+
+    def record_requested_save(self, duration_s: float, at: float) -> None:
+        """A save esiwrap asked for ended at `at`; training resumes now.
+
+        Its time is counted in the save estimate, so it is taken out of the interval that
+        contains it, and the running step is taken to begin when the save ended.
+        """
+        self.save_durations.append(duration_s)
+        self._exclude_next_s += duration_s
+        self.step_started_at = at
+
+
+def step_estimate_s(obs: Observations, config: PolicyConfig) -> float | None:
+    """The quantile of the window, or None before the first interval is known."""
+    return quantile(list(obs.intervals), config.step_quantile) if obs.intervals else None
+
+
+def save_estimate_s(obs: Observations, config: PolicyConfig) -> float:
+    if not obs.save_durations:
+        return config.save_duration_s
+    return max(obs.save_durations) * config.save_safety_factor
+
+
+def latest_signal_at(cutoff: float, step_s: float | None, step_started_at: float | None) -> float:
+    """The latest moment t to signal so the next boundary comes by `cutoff`.
+
+    The next boundary is estimated to come `max(step_s, t - step_started_at)` after t: the step
+    that is running has already taken `t - step_started_at`, a lower bound of its length. The
+    earliest t with t + max(step_s, t - s0) >= cutoff is the answer (a closed form, so the
+    supervisor can set one timer instead of re-checking as the step runs on).
+    """
+    step = step_s or 0.0
+    if step_started_at is None:
+        return cutoff - step
+    plain = cutoff - step
+    if plain - step_started_at <= step:
+        return plain
+    return (cutoff + step_started_at) / 2.0
+
+
+@dataclass(frozen=True)
+class SavePlan:
+    """When to send the save signal, and the inputs that produced it (for the log)."""
+
+    kind: SaveKind
+    signal_at: float
+    step_estimate_s: float
+    save_estimate_s: float
+    reserve_s: float
+
+
+def plan_save(deadline: float, obs: Observations, config: PolicyConfig, kind: SaveKind) -> SavePlan:
+    step = step_estimate_s(obs, config)
+    save = save_estimate_s(obs, config)
+    reserve = config.redundant_s if kind == "insurance" else config.final_margin_s
+    signal_at = latest_signal_at(deadline - save - reserve, step, obs.step_started_at)
+    return SavePlan(kind, signal_at, step or 0.0, save, reserve)
+
+
+def next_save(
+    deadline: float, obs: Observations, config: PolicyConfig, saves_done: int, now: float
+) -> SavePlan | None:
+    """The next save to ask for, or None when no further save fits.
+
+    The first save is insurance and is always planned (if its moment has passed, ask at once).
+    After it, with `final_save`, keep training and plan again with the smaller final margin, as
+    long as that moment is still ahead: the save then lands on a later boundary than the last one.
+    """
+    if saves_done == 0:
+        return plan_save(deadline, obs, config, "insurance")
+    if not config.final_save:
+        return None
+    plan = plan_save(deadline, obs, config, "final")
+    return plan if plan.signal_at >= now else None
+
+
+def needed_s(plan: SavePlan) -> float:
+    """How long before the deadline the plan needs its signal."""
+    return plan.step_estimate_s + plan.save_estimate_s + plan.reserve_s
+
+
+def moved_enough(old: float | None, new: float) -> bool:
+    """Log a re-plan only when it moves by more than a few seconds."""
+    return old is None or abs(new - old) > RESCHEDULE_LOG_THRESHOLD_S

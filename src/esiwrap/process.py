@@ -1,0 +1,146 @@
+"""The child and its tree: spawn in a new session, signal it, find and kill what is left.
+
+Nothing here knows about deadlines. The supervisor reaps (it owns SIGCHLD); this module only
+starts processes and sends signals.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import os
+import shutil
+import signal
+import subprocess
+from collections.abc import Iterable, Mapping, Sequence
+
+import psutil
+
+from esiwrap.errors import EXIT_NOT_EXECUTABLE, EXIT_NOT_FOUND, CommandError
+
+PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
+
+_libc: ctypes.CDLL | None = None
+
+
+def _prctl(option: int, arg: int) -> bool:
+    global _libc
+    if _libc is None:
+        try:
+            _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        except OSError:
+            return False
+    return bool(_libc.prctl(option, arg, 0, 0, 0) == 0)
+
+
+def become_subreaper() -> bool:
+    """Orphaned descendants are re-parented to us (not to init), so we can reap and stop them."""
+    return _prctl(PR_SET_CHILD_SUBREAPER, 1)
+
+
+def resolve_command(argv: Sequence[str], env: Mapping[str, str]) -> str:
+    """The executable's path, or a CommandError with the shell's exit code (127/126)."""
+    program = argv[0]
+    if os.sep in program:
+        if not os.path.exists(program):
+            raise CommandError(f"{program}: no such file", EXIT_NOT_FOUND)
+        if os.path.isdir(program) or not os.access(program, os.X_OK):
+            raise CommandError(f"{program}: not executable (chmod +x?)", EXIT_NOT_EXECUTABLE)
+        return program
+    found = shutil.which(program, path=env.get("PATH", os.defpath))
+    if found is None:
+        raise CommandError(f"{program}: command not found on PATH", EXIT_NOT_FOUND)
+    return found
+
+
+def spawn(argv: Sequence[str], env: Mapping[str, str], death_signal: int) -> int:
+    """Start the command in its own session; it gets `death_signal` if esiwrap dies first.
+
+    Call before starting any thread: the pre-exec hook runs between fork and exec.
+    """
+    executable = resolve_command(argv, env)
+    parent = os.getpid()
+    _prctl(0, 0)  # load libc in the parent, so the child does no dlopen between fork and exec
+
+    def in_child() -> None:
+        _prctl(PR_SET_PDEATHSIG, death_signal)
+        if os.getppid() != parent:  # esiwrap died before prctl took effect
+            os.kill(os.getpid(), death_signal)
+
+    try:
+        proc = subprocess.Popen(
+            list(argv), executable=executable, env=dict(env),
+            start_new_session=True, preexec_fn=in_child,
+        )
+    except PermissionError as exc:
+        raise CommandError(f"{argv[0]}: not executable ({exc.strerror})", EXIT_NOT_EXECUTABLE) from None
+    except OSError as exc:  # e.g. ENOEXEC: a script without a #! line
+        raise CommandError(f"{argv[0]}: cannot run ({exc.strerror})", EXIT_NOT_EXECUTABLE) from None
+    proc.returncode = 0  # esiwrap reaps with waitpid(-1); keep Popen from reaping or warning
+    return proc.pid
+
+
+def send(pid: int, signum: int) -> bool:
+    """Signal one process; False when it is already gone."""
+    try:
+        os.kill(pid, signum)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return False
+    return True
+
+
+def descendants(pid: int) -> list[psutil.Process]:
+    with contextlib.suppress(psutil.Error):
+        return psutil.Process(pid).children(recursive=True)
+    return []
+
+
+def is_descendant(pid: int, ancestor: int) -> bool:
+    """True when `pid` is `ancestor` or below it: we only ever signal our own tree."""
+    try:
+        proc = psutil.Process(pid)
+        while proc is not None:
+            if proc.pid == ancestor:
+                return True
+            proc = proc.parent()
+    except psutil.Error:
+        return False
+    return False
+
+
+def alive(processes: Iterable[psutil.Process]) -> list[psutil.Process]:
+    """Those still running (same pid and start time: a recycled pid does not count)."""
+    living = []
+    for proc in processes:
+        with contextlib.suppress(psutil.Error):
+            if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
+                living.append(proc)
+    return living
+
+
+def signal_all(processes: Iterable[psutil.Process], signum: int) -> None:
+    for proc in processes:
+        with contextlib.suppress(psutil.Error):
+            proc.send_signal(signum)
+
+
+def open_pidfd(pid: int) -> int | None:
+    """A descriptor that becomes readable when `pid` exits (Linux 5.3+), else None."""
+    opener = getattr(os, "pidfd_open", None)
+    if opener is None:
+        return None
+    try:
+        return int(opener(pid))
+    except OSError:
+        return None
+
+
+def signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return str(signum)

@@ -1,0 +1,198 @@
+"""The in-trainer side: a few lines turn esiwrap's save signal into a checkpoint at a step boundary.
+
+    import esiwrap.trainer as esi
+    esi.install()                          # once, in the main thread
+    for step in ...:
+        train_one_step()
+        esi.step_done(step)
+        if esi.save_requested():
+            with esi.saving(step, path):   # reports begin/end, measures, clears the request
+                save_checkpoint(path)
+
+The signal handler only sets a flag. Everything that talks to the supervisor happens in the
+caller's thread, never blocks and never raises. Without esiwrap (no `ESIWRAP_SOCKET`), `install()`
+still works, so `kill -USR1 <pid>` asks for a save by hand.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from types import FrameType
+from typing import Any
+
+from esiwrap.channel import SIGNAL_ENV, ChannelClient
+
+__all__ = [
+    "clear",
+    "install",
+    "installed",
+    "request_save",
+    "save_requested",
+    "saving",
+    "step_done",
+    "uninstall",
+]
+
+_Handler = Callable[[int, FrameType | None], Any] | int | signal.Handlers | None
+
+
+class _State:
+    def __init__(self) -> None:
+        self.requested = False  # set by the signal handler, nothing else happens there
+        self.signum: int | None = None
+        self.previous: _Handler = None
+        self.client = ChannelClient(None)
+        self.last_boundary = time.monotonic()
+
+
+_state = _State()
+
+
+def _on_signal(signum: int, frame: FrameType | None) -> None:
+    _state.requested = True
+    previous = _state.previous
+    if callable(previous):
+        previous(signum, frame)
+
+
+def install(
+    signum: int | None = None,
+    *,
+    saves: bool = True,
+    stop_signal: str | None = None,
+    integration: str = "plain",
+    **hello: Any,
+) -> None:
+    """Register the save-signal handler and say hello to the supervisor (main thread only).
+
+    `signum` defaults to what esiwrap exported (`ESIWRAP_SIGNAL`), else SIGUSR1. `saves=False`
+    tells the supervisor this process takes no part in checkpoints (the other ranks of a
+    rank-0-only save). `stop_signal` asks esiwrap to stop this process with another signal than
+    its `--stop-signal` (e.g. "SIGINT" for a Ray driver). A previous handler is chained, and
+    restored by `uninstall()`.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        msg = "esiwrap.trainer.install() must be called from the main thread"
+        raise RuntimeError(msg)
+    chosen = signum if signum is not None else _signal_from_env()
+    if _state.signum is not None:
+        uninstall()
+    _state.previous = signal.getsignal(chosen)
+    signal.signal(chosen, _on_signal)
+    _state.signum = chosen
+    _state.client = ChannelClient.from_env()
+    _state.last_boundary = time.monotonic()
+    rank, world_size = _rank_and_world()
+    fields: dict[str, Any] = {"rank": rank, "world_size": world_size, "saves": saves}
+    fields.update(integration=integration, signal=True, **hello)
+    if stop_signal:
+        fields["stop_signal"] = stop_signal
+    _state.client.send("hello", **fields)
+
+
+def uninstall() -> None:
+    """Restore the handler that was there before `install()`."""
+    if _state.signum is None:
+        return
+    previous = _state.previous if _state.previous is not None else signal.SIG_DFL
+    signal.signal(_state.signum, previous)
+    _state.signum = None
+    _state.previous = None
+    _state.client.close()
+
+
+def installed() -> bool:
+    return _state.signum is not None
+
+
+def save_requested() -> bool:
+    """True when a save was asked for. With torch.distributed initialized, every rank gets the
+    same answer (an all-reduce of the flag), so all ranks save at the same step: call it the same
+    number of times on every rank."""
+    flag = _state.requested
+    reduced = _agree_across_ranks(flag)
+    if reduced and not flag:
+        _state.requested = True
+    return reduced
+
+
+def request_save() -> None:
+    """Ask for a save from inside the trainer (what the signal handler does)."""
+    _state.requested = True
+
+
+def clear() -> None:
+    """Forget the request; `saving()` does this when a save succeeds."""
+    _state.requested = False
+
+
+def step_done(step: int) -> None:
+    """Report a step boundary; the duration is boundary-to-boundary wall time."""
+    now = time.monotonic()
+    duration_s = now - _state.last_boundary
+    _state.last_boundary = now
+    _state.client.send("step", step=int(step), duration_s=round(duration_s, 6))
+
+
+@contextmanager
+def saving(step: int, path: str | os.PathLike[str] | None = None) -> Iterator[None]:
+    """Wrap the checkpoint write: reports save_begin/save_end and measures it.
+
+    Leave the block only when the checkpoint is complete on disk: the end of the block is the
+    acknowledgement that lets esiwrap stop the trainer. An exception is reported as a failed save
+    (and re-raised); the request then stays set so the next boundary tries again.
+    """
+    client = _state.client
+    client.send("save_begin", step=int(step))
+    started = time.monotonic()
+    where = os.fspath(path) if path is not None else None
+    try:
+        yield
+    except BaseException as exc:
+        client.send("save_end", step=int(step), ok=False, path=where,
+                    duration_s=round(time.monotonic() - started, 6), error=repr(exc)[:500])
+        raise
+    clear()
+    client.send("save_end", step=int(step), ok=True, path=where,
+                duration_s=round(time.monotonic() - started, 6))
+
+
+def _signal_from_env() -> int:
+    name = os.environ.get(SIGNAL_ENV, "SIGUSR1").strip().upper()
+    if not name.startswith("SIG"):
+        name = "SIG" + name
+    return int(getattr(signal.Signals, name, signal.SIGUSR1))
+
+
+def _rank_and_world() -> tuple[int, int]:
+    def env_int(name: str, default: int) -> int:
+        try:
+            return int(os.environ.get(name, default))
+        except ValueError:
+            return default
+
+    return env_int("RANK", 0), env_int("WORLD_SIZE", 1)
+
+
+def _agree_across_ranks(flag: bool) -> bool:
+    """All-reduce MAX of the flag when torch.distributed runs with more than one rank."""
+    import sys
+
+    torch = sys.modules.get("torch")  # never import torch ourselves: the trainer already has
+    if torch is None:
+        return flag
+    dist = torch.distributed
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() <= 1:
+        return flag
+    backend = dist.get_backend()
+    device = "cpu"
+    if backend == "nccl":
+        device = f"cuda:{torch.cuda.current_device()}"
+    tensor = torch.tensor([1 if flag else 0], dtype=torch.int32, device=device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return bool(tensor.item())

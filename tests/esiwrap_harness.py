@@ -1,0 +1,172 @@
+"""Run esiwrap as a real process and wait on its JSON log events (bounded waits, no sleeps)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples"
+TINY_TRAINER = EXAMPLES / "tiny_trainer.py"
+PYTHON = sys.executable
+
+Event = dict[str, Any]
+
+
+class EsiwrapRun:
+    """An `esiwrap` process whose stderr (JSON lines) is read as it comes."""
+
+    def __init__(self, args: Sequence[str], env: Mapping[str, str] | None = None,
+                 cwd: str | os.PathLike[str] | None = None) -> None:
+        full_env = dict(os.environ)
+        full_env.pop("ESIWRAP_SOCKET", None)
+        full_env.update(env or {})
+        full_env.setdefault("PYTHONUNBUFFERED", "1")
+        self.args = list(args)
+        self.proc = subprocess.Popen(
+            [PYTHON, "-m", "esiwrap", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            env=full_env, cwd=cwd, start_new_session=True,
+        )
+        self.events: list[Event] = []
+        self.other_lines: list[str] = []
+        self.stdout = b""
+        self._buffer = b""
+        self._selector = selectors.DefaultSelector()
+        assert self.proc.stderr is not None and self.proc.stdout is not None
+        os.set_blocking(self.proc.stderr.fileno(), False)
+        os.set_blocking(self.proc.stdout.fileno(), False)
+        self._selector.register(self.proc.stderr, selectors.EVENT_READ, "stderr")
+        self._selector.register(self.proc.stdout, selectors.EVENT_READ, "stdout")
+        self._open = 2
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def _pump(self, timeout: float) -> bool:
+        """Read what is there within `timeout`; False when both streams are closed."""
+        if self._open == 0:
+            return False
+        for key, _ in self._selector.select(timeout):
+            data = os.read(key.fd, 65536)
+            if not data:
+                self._selector.unregister(key.fileobj)
+                self._open -= 1
+                continue
+            if key.data == "stdout":
+                self.stdout += data
+            else:
+                self._take(data)
+        return True
+
+    def _take(self, data: bytes) -> None:
+        self._buffer += data
+        *lines, self._buffer = self._buffer.split(b"\n")
+        for raw in lines:
+            text = raw.decode("utf-8", "replace")
+            try:
+                obj = json.loads(text)
+            except ValueError:
+                self.other_lines.append(text)
+                continue
+            if isinstance(obj, dict) and "event" in obj:
+                self.events.append(obj)
+            else:
+                self.other_lines.append(text)
+
+    def wait_for(self, predicate: Callable[[Event], bool], timeout: float, what: str = "") -> Event:
+        deadline = time.monotonic() + timeout
+        seen = 0
+        while True:
+            for event in self.events[seen:]:
+                if predicate(event):
+                    return event
+            seen = len(self.events)
+            left = deadline - time.monotonic()
+            if left <= 0 or not self._pump(min(left, 0.5)) and seen == len(self.events):
+                if self._open == 0 or left <= 0:
+                    raise AssertionError(
+                        f"no {what or 'matching event'} within {timeout}s; events: "
+                        + json.dumps([e.get("event") for e in self.events])
+                        + f"; other output: {self.other_lines[-20:]}"
+                    )
+
+    def wait_event(self, name: str, timeout: float = 60.0, **fields: Any) -> Event:
+        def match(event: Event) -> bool:
+            return event.get("event") == name and all(event.get(k) == v for k, v in fields.items())
+
+        return self.wait_for(match, timeout, what=f"'{name}' {fields or ''}")
+
+    def finish(self, timeout: float = 60.0) -> int:
+        """Wait for exit, reading everything; returns the exit code."""
+        deadline = time.monotonic() + timeout
+        while self._open and time.monotonic() < deadline:
+            self._pump(0.5)
+        try:
+            code = self.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"esiwrap did not exit within {timeout}s") from None
+        while self._pump(0):
+            pass
+        return code
+
+    def names(self) -> list[str]:
+        return [str(e.get("event")) for e in self.events]
+
+    def first(self, name: str) -> Event:
+        for event in self.events:
+            if event.get("event") == name:
+                return event
+        raise AssertionError(f"no '{name}' event; got {self.names()}")
+
+    def kill(self) -> None:
+        """Test cleanup: nothing of this run survives the test."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        kill_leftovers(self.proc.pid)
+        with contextlib.suppress(Exception):
+            self.proc.wait(timeout=5)
+        for stream in (self.proc.stdout, self.proc.stderr):
+            if stream is not None:
+                stream.close()
+        self._selector.close()
+
+
+def kill_leftovers(root_pid: int) -> None:
+    with contextlib.suppress(psutil.Error):
+        for child in psutil.Process(root_pid).children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                child.kill()
+
+
+def processes_with_marker(marker: str) -> list[psutil.Process]:
+    """Live processes whose command line contains `marker` (to prove nothing was left behind)."""
+    found = []
+    for proc in psutil.process_iter(["cmdline", "status"]):
+        with contextlib.suppress(psutil.Error):
+            if proc.info["status"] == psutil.STATUS_ZOMBIE:
+                continue
+            if any(marker in part for part in proc.info["cmdline"] or []):
+                found.append(proc)
+    return found
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float, interval: float = 0.05) -> bool:
+    """Bounded wait on an observable condition (process state), not a sleep used as sync."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return predicate()
