@@ -9,7 +9,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from esiwrap_harness import EsiwrapRun  # noqa: E402
+from esiwrap_harness import EsiwrapRun
 
 
 @pytest.fixture

@@ -94,13 +94,13 @@ class EsiwrapRun:
                     return event
             seen = len(self.events)
             left = deadline - time.monotonic()
-            if left <= 0 or not self._pump(min(left, 0.5)) and seen == len(self.events):
-                if self._open == 0 or left <= 0:
-                    raise AssertionError(
-                        f"no {what or 'matching event'} within {timeout}s; events: "
-                        + json.dumps([e.get("event") for e in self.events])
-                        + f"; other output: {self.other_lines[-20:]}"
-                    )
+            streams_open = left > 0 and self._pump(min(left, 0.5))
+            if not streams_open and seen == len(self.events):
+                raise AssertionError(
+                    f"no {what or 'matching event'} within {timeout}s; events: "
+                    + json.dumps([e.get("event") for e in self.events])
+                    + f"; other output: {self.other_lines[-20:]}"
+                )
 
     def wait_event(self, name: str, timeout: float = 60.0, **fields: Any) -> Event:
         def match(event: Event) -> bool:

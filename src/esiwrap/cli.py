@@ -52,6 +52,29 @@ class Option:
     def env(self) -> str:
         return "ESIWRAP_" + self.dest.upper()
 
+    @property
+    def default_text(self) -> str:
+        value = self.default
+        if value is None:
+            return "none"
+        if isinstance(value, list):
+            return ",".join(value)
+        if isinstance(value, bool):
+            return "on" if value else "off"
+        if self.dest in ("signal", "stop_signal"):
+            return signal.Signals(value).name
+        if isinstance(value, float):
+            return f"{value:g}"
+        return str(value)
+
+    @property
+    def metavar(self) -> str:
+        if self.choices:
+            return "{" + ",".join(self.choices) + "}"
+        if self.parse is _seconds:
+            return "SECONDS"
+        return self.dest.upper()
+
 
 def _seconds(text: str) -> float:
     try:
@@ -133,7 +156,7 @@ def _sources(text: str) -> list[str]:
 
 
 SOURCE_OPTIONS = (
-    Option("--deadline", _deadline_text, None, "+2h or 2026-09-14T20:30:00+08:00",
+    Option("--deadline", _deadline_text, None, "+2h",
            "expiry: epoch s/ms, ISO-8601 with offset, or +90s/+15m/+2h; overrides discovery"),
     Option("--sources", _sources, list(DEFAULT_SOURCES), ",".join(DEFAULT_SOURCES),
            "ordered deadline sources"),
@@ -187,7 +210,7 @@ class _Parser(argparse.ArgumentParser):
 
 def _add_options(parser: argparse.ArgumentParser, options: Sequence[Option]) -> None:
     for opt in options:
-        env_note = f" [env {opt.env}; default {opt.example if opt.default is None else opt.default}]"
+        env_note = f" [env {opt.env}; default {opt.default_text}]"
         if opt.flag in BOOLEAN_FLAGS:
             negative = "--no-" + opt.flag[2:]
             parser.add_argument(opt.flag, dest=opt.dest, action="store_const", const="true",
@@ -195,8 +218,7 @@ def _add_options(parser: argparse.ArgumentParser, options: Sequence[Option]) -> 
             parser.add_argument(negative, dest=opt.dest, action="store_const", const="false",
                                 help=argparse.SUPPRESS if opt.flag == "--signal-child" else "the opposite")
         else:
-            metavar = opt.dest.upper() if not opt.choices else "{" + ",".join(opt.choices) + "}"
-            parser.add_argument(opt.flag, dest=opt.dest, metavar=metavar, help=opt.help + env_note)
+            parser.add_argument(opt.flag, dest=opt.dest, metavar=opt.metavar, help=opt.help + env_note)
 
 
 def resolve_options(

@@ -94,9 +94,11 @@ def send(pid: int, signum: int) -> bool:
 
 
 def descendants(pid: int) -> list[psutil.Process]:
-    with contextlib.suppress(psutil.Error):
-        return psutil.Process(pid).children(recursive=True)
-    return []
+    try:
+        children: list[psutil.Process] = psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return []
+    return children
 
 
 def is_descendant(pid: int, ancestor: int) -> bool:
