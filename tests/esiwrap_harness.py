@@ -19,6 +19,9 @@ import psutil
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 TINY_TRAINER = EXAMPLES / "tiny_trainer.py"
+CHILDREN = Path(__file__).resolve().parent / "children"
+SIGNAL_ECHO = CHILDREN / "signal_echo.py"
+PLAIN_TRAINER = CHILDREN / "plain_trainer.py"
 PYTHON = sys.executable
 
 Event = dict[str, Any]
@@ -102,6 +105,21 @@ class EsiwrapRun:
                     + f"; other output: {self.other_lines[-20:]}"
                 )
 
+    def wait_stdout(self, text: str, timeout: float = 30.0) -> str:
+        """Wait until the child's stdout (passed through by esiwrap) contains `text`."""
+        deadline = time.monotonic() + timeout
+        while text.encode() not in self.stdout:
+            left = deadline - time.monotonic()
+            if left <= 0 or (not self._pump(min(left, 0.5)) and text.encode() not in self.stdout):
+                raise AssertionError(f"stdout has no {text!r} within {timeout}s: {self.stdout[-500:]!r}")
+        return self.stdout.decode("utf-8", "replace")
+
+    def child_pid(self, timeout: float = 30.0) -> int:
+        return int(self.wait_event("child_started", timeout)["pid"])
+
+    def signal(self, signum: int) -> None:
+        os.kill(self.proc.pid, signum)
+
     def wait_event(self, name: str, timeout: float = 60.0, **fields: Any) -> Event:
         def match(event: Event) -> bool:
             return event.get("event") == name and all(event.get(k) == v for k, v in fields.items())
@@ -150,14 +168,18 @@ def kill_leftovers(root_pid: int) -> None:
                 child.kill()
 
 
-def processes_with_marker(marker: str) -> list[psutil.Process]:
-    """Live processes whose command line contains `marker` (to prove nothing was left behind)."""
+def processes_with_marker(marker: str, program: str | None = None) -> list[psutil.Process]:
+    """Live processes whose command line contains `marker` (to prove nothing was left behind),
+    optionally only those running `program` (the basename of argv[0])."""
     found = []
     for proc in psutil.process_iter(["cmdline", "status"]):
         with contextlib.suppress(psutil.Error):
-            if proc.info["status"] == psutil.STATUS_ZOMBIE:
+            cmdline = proc.info["cmdline"] or []
+            if proc.info["status"] == psutil.STATUS_ZOMBIE or not cmdline:
                 continue
-            if any(marker in part for part in proc.info["cmdline"] or []):
+            if program is not None and os.path.basename(cmdline[0]) != program:
+                continue
+            if any(marker in part for part in cmdline):
                 found.append(proc)
     return found
 

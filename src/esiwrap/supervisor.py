@@ -96,6 +96,7 @@ class SaveRequest:
     reason: str
     kind: str
     requested_at: float
+    signalled: set[int] = field(default_factory=set)
     begun: dict[int, int] = field(default_factory=dict)  # pid -> step
     done: dict[int, Message] = field(default_factory=dict)
     save_started_mono: float | None = None
@@ -226,6 +227,8 @@ class Supervisor:
             waits.append(self.deadline.at - now)
             if self.plan is not None and self.request is None:
                 waits.append(self.plan.signal_at - now)
+            if self._waiting_for_a_trainer():
+                waits.append((self._unattached_stop_at() or now) - now)
         if self._ack_until is not None:
             waits.append(self._ack_until - mono)
         if self.stop is not None:
@@ -247,6 +250,8 @@ class Supervisor:
             return
         if now >= self.deadline.at:
             self._deadline_reached(now)
+        elif self._waiting_for_a_trainer() and now >= (self._unattached_stop_at() or now):
+            self._begin_stop("no trainer attached to save", EXIT_SAVE_MISSED)
         elif self.plan is not None and self.request is None and now >= self.plan.signal_at:
             self._request_save("deadline", now)
 
@@ -331,6 +336,8 @@ class Supervisor:
         extra = {k: v for k, v in message.fields.items() if k not in _RESERVED_KEYS}
         self.log.info("trainer_attached", pid=message.pid, **extra)
         self.obs.trainer_started(now)
+        if self.request is not None and wants_signal and message.pid not in self.request.signalled:
+            self._signal([message.pid])  # a save is due: this trainer joins it at once
         self._replan(now)
 
     def _on_bye(self, message: Message) -> None:
@@ -461,19 +468,44 @@ class Supervisor:
 
     def _request_save(self, reason: str, now: float) -> None:
         targets = self._signal_targets()
-        if not targets:
-            self.log.warning("no_trainer_attached", action="stop", reason=reason)
-            status = None if reason == "sigterm" else EXIT_SAVE_MISSED
-            self._begin_stop("no trainer attached to save", status)
+        if not targets and reason == "manual":
+            self.log.warning("no_trainer_attached", action="ignored", reason=reason)
             return
         kind = self.plan.kind if reason == "deadline" and self.plan is not None else reason
         self.request = SaveRequest(reason=reason, kind=kind, requested_at=now)
-        for pid in targets:
-            process.send(pid, self.config.save_signal)
         self.log.info(
             "save_requested", reason=reason, kind=kind, remaining_s=round(self._remaining(now), 3),
             signal=process.signal_name(self.config.save_signal), pids=targets,
         )
+        if targets:
+            self._signal(targets)
+        else:
+            # Nothing registered (yet): a trainer that attaches in time is signalled at once;
+            # otherwise the child is stopped gracefully, --stop-grace before the deadline.
+            self.log.warning("no_trainer_attached", action="stop", stop_at=self._unattached_stop_iso())
+
+    def _signal(self, pids: Sequence[int]) -> None:
+        assert self.request is not None
+        for pid in pids:
+            process.send(pid, self.config.save_signal)
+            self.request.signalled.add(pid)
+
+    def _unattached_stop_at(self) -> float | None:
+        """When a save is due but nothing can save: the latest graceful stop, --stop-grace before
+        the deadline; if that had passed when the save was asked for, a trainer may still attach
+        and save up to the deadline itself."""
+        if self.deadline is None:
+            return None
+        graceful = self.deadline.at - self.config.stop_grace_s
+        asked = self.request.requested_at if self.request is not None else graceful
+        return graceful if graceful > asked else self.deadline.at
+
+    def _unattached_stop_iso(self) -> str | None:
+        at = self._unattached_stop_at()
+        return iso_utc(at) if at is not None else None
+
+    def _waiting_for_a_trainer(self) -> bool:
+        return self.request is not None and not self.request.signalled
 
     def _signal_targets(self) -> list[int]:
         if self.config.signal_child and self.child_pid is not None and self.child_status is None:

@@ -92,6 +92,8 @@ def _trim_fraction(text: str) -> str:
 
 def _explain(exc: ValueError) -> str:
     reason = str(exc)
+    if "offset" in reason:
+        return "UTC offset must be between -23:59 and +23:59"
     if "day is out of range" in reason:
         return "day is out of range for the month"
     if "month" in reason:

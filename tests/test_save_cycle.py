@@ -1,0 +1,128 @@
+"""The save state machine against a real trainer process (the real esiwrap.trainer library)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from pathlib import Path
+
+from esiwrap_harness import PLAIN_TRAINER, PYTHON
+
+from esiwrap.errors import EXIT_CHECKPOINTED, EXIT_SAVE_MISSED
+
+
+def trainer(ckpt: Path, *extra: str) -> list[str]:
+    return [PYTHON, str(PLAIN_TRAINER), "--ckpt", str(ckpt), *extra]
+
+
+def saved_step(ckpt: Path) -> int:
+    return int(json.loads(ckpt.read_text())["step"])
+
+
+def test_sigterm_turns_into_a_checkpoint(esiwrap, tmp_path: Path) -> None:
+    """SIGTERM to esiwrap (systemd's stop): save first, then stop; exit 75."""
+    ckpt = tmp_path / "ckpt.json"
+    run = esiwrap("--deadline", "+1h", "--", *trainer(ckpt))
+    run.wait_event("trainer_attached")
+    run.wait_stdout("start 0")
+    run.signal(signal.SIGTERM)
+    requested = run.wait_event("save_requested", 10)
+    assert requested["reason"] == "sigterm"
+    completed = run.wait_event("save_completed", 20)
+    assert run.finish(30) == EXIT_CHECKPOINTED
+    assert saved_step(ckpt) == completed["step"]
+
+
+def test_sigterm_without_a_trainer_stops_at_once(esiwrap, tmp_path: Path) -> None:
+    """Nothing can save: SIGTERM stops the child straight away with its own exit status."""
+    run = esiwrap("--", *trainer(tmp_path / "c.json", "--no-install"))
+    run.wait_stdout("start 0")
+    run.signal(signal.SIGTERM)
+    assert run.finish(30) == 128 + signal.SIGTERM
+    assert "save_requested" not in run.names()
+
+
+def test_manual_save_leaves_training_running(esiwrap, tmp_path: Path) -> None:
+    """SIGUSR1 to esiwrap asks for a save by hand; training goes on afterwards."""
+    ckpt = tmp_path / "ckpt.json"
+    run = esiwrap("--", *trainer(ckpt, "--steps", "40", "--step-seconds", "0.1"))
+    run.wait_event("trainer_attached")
+    run.signal(signal.SIGUSR1)
+    assert run.wait_event("save_requested", 10)["reason"] == "manual"
+    run.wait_event("save_completed", 20, requested=True)
+    assert run.finish(60) == 0  # the child finished its 40 steps by itself
+    assert "plain_trainer: done" in run.stdout.decode()
+
+
+def test_insurance_then_final_save_with_measured_save_time(esiwrap, tmp_path: Path) -> None:
+    """The measured save time replaces --save-duration for the final save's plan."""
+    ckpt = tmp_path / "ckpt.json"
+    run = esiwrap("--deadline", "+14s", "--redundant-time", "7", "--save-duration", "3",
+                  "--final-margin", "1", "--", *trainer(ckpt, "--save-seconds", "0.4"))
+    run.wait_event("save_completed", 30, kind="insurance")
+    final_plan = run.wait_event("save_scheduled", 10, kind="final")
+    assert 0.4 * 1.25 <= final_plan["save_estimate_s"] < 3
+    final = run.wait_event("save_completed", 30, kind="final")
+    assert final["remaining_s"] > 0
+    assert run.finish(30) == EXIT_CHECKPOINTED
+    assert saved_step(ckpt) == final["step"]
+
+
+def test_no_final_save_stops_after_the_insurance_save(esiwrap, tmp_path: Path) -> None:
+    """--no-final-save: one save, then stop."""
+    run = esiwrap("--deadline", "+8s", "--redundant-time", "4", "--save-duration", "1",
+                  "--no-final-save", "--", *trainer(tmp_path / "c.json"))
+    assert run.finish(40) == EXIT_CHECKPOINTED
+    assert [e["kind"] for e in run.events if e["event"] == "save_completed"] == ["insurance"]
+
+
+def test_failed_save_is_retried_at_the_next_boundary(esiwrap, tmp_path: Path) -> None:
+    """A save that raises is reported as save_failed; the next boundary saves again."""
+    ckpt = tmp_path / "ckpt.json"
+    run = esiwrap("--deadline", "+10s", "--redundant-time", "5", "--save-duration", "1",
+                  "--no-final-save", "--", *trainer(ckpt, "--fail-saves", "1"))
+    failed = run.wait_event("save_failed", 30)
+    assert "disk full" in failed["error"]
+    completed = run.wait_event("save_completed", 30)
+    assert completed["step"] > failed["step"]
+    assert run.finish(30) == EXIT_CHECKPOINTED
+
+
+def test_deadline_too_close_saves_at_once(esiwrap, tmp_path: Path) -> None:
+    """A deadline closer than step + save + reserve: logged loudly, save requested at once."""
+    run = esiwrap("--deadline", "+20s", "--", *trainer(tmp_path / "c.json"))
+    too_close = run.wait_event("deadline_too_close", 10)
+    assert too_close["needed_s"] > too_close["remaining_s"]
+    run.wait_event("save_completed", 30)
+    assert run.finish(30) == EXIT_CHECKPOINTED
+
+
+def test_deadline_in_the_past_still_saves_within_grace(esiwrap, tmp_path: Path) -> None:
+    """A deadline already passed: a trainer that attaches within --stop-grace still saves."""
+    past = str(int(time.time()) - 5)
+    run = esiwrap("--deadline", past, "--stop-grace", "20", "--", *trainer(tmp_path / "c.json"))
+    assert run.wait_event("deadline_too_close", 10)["remaining_s"] < 0
+    run.wait_event("save_completed", 30)
+    assert run.finish(30) == EXIT_CHECKPOINTED
+
+
+def test_missed_save_exits_76(esiwrap, tmp_path: Path) -> None:
+    """A save that cannot finish before the deadline: save_missed, stop, exit 76."""
+    run = esiwrap("--deadline", "+6s", "--redundant-time", "1", "--save-duration", "1",
+                  "--stop-grace", "2", "--", *trainer(tmp_path / "c.json", "--save-seconds", "30"))
+    run.wait_event("save_started", 20)
+    run.wait_event("save_missed", 20)
+    assert run.finish(30) == EXIT_SAVE_MISSED
+    assert not (tmp_path / "c.json").exists()
+
+
+def test_after_save_continue_leaves_the_child_running(esiwrap, tmp_path: Path) -> None:
+    """--after-save continue: after the last planned save the child trains on and exits itself."""
+    run = esiwrap("--deadline", "+6s", "--redundant-time", "3", "--save-duration", "1",
+                  "--no-final-save", "--after-save", "continue", "--",
+                  *trainer(tmp_path / "c.json", "--steps", "60", "--step-seconds", "0.15"))
+    run.wait_event("save_completed", 20)
+    run.wait_event("training_continues", 10)
+    assert run.finish(40) == 0
+    assert "plain_trainer: done" in run.stdout.decode()

@@ -1,0 +1,104 @@
+"""Deadline sources `cli` and `env`, the chain's choice, and `esiwrap deadline`."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+
+import pytest
+from esiwrap_harness import PYTHON
+
+from esiwrap.deadline import MLP_VAR, SAGEMAKER_VAR, Answer, CliSource, Deadline, ask, env_sources, winner
+from esiwrap.deadline.registry import SourceSettings, build_sources
+from esiwrap.errors import EXIT_NO_DEADLINE, EXIT_OK
+
+NOW = 1_790_000_000.0
+
+
+def by_name(environ: dict[str, str], lead: float = 1800.0) -> dict[str, Answer]:
+    return {a.source: a for a in (ask(s, NOW) for s in env_sources(environ, lead))}
+
+
+@pytest.mark.parametrize("raw", ["1790003600", " 1790003600\n", "1790003600.0", "1790003600000"])
+def test_mlp_env_tolerates_whitespace_floats_and_ms(raw: str) -> None:
+    """The ML platform's variable in seconds or ms, padded or fractional, is the same time."""
+    answer = by_name({MLP_VAR: raw})["env:MLP"]
+    assert answer.deadline is not None and answer.deadline.at == 1_790_003_600.0
+    assert answer.deadline.raw == raw.strip()
+
+
+def test_sagemaker_lead_is_applied_and_recorded() -> None:
+    """Capacity blocks start terminating 30 minutes early: the lead comes off and is logged."""
+    answer = by_name({SAGEMAKER_VAR: "1790003600"})["env:SAGEMAKER"]
+    assert answer.deadline is not None
+    assert answer.deadline.at == 1_790_003_600.0 - 1800.0
+    assert answer.deadline.lead_s == 1800.0
+
+
+def test_garbage_env_value_is_unavailable_with_reason() -> None:
+    """A garbage value is a reason, not a crash; an unset one is the expected case."""
+    answers = by_name({MLP_VAR: "tomorrow"})
+    assert answers["env:MLP"].deadline is None
+    assert "MLP_CURRENT_CAPACITY_BLOCK_EXPIRATION_TIMESTAMP='tomorrow'" in answers["env:MLP"].reason
+    assert not answers["env:MLP"].expected
+    assert answers["env:SAGEMAKER"].expected
+
+
+def test_earliest_answer_wins_and_cli_overrides() -> None:
+    """Discovery picks the earliest deadline; --deadline beats every other source."""
+    late = Deadline(at=NOW + 7200, source="env:MLP")
+    early = Deadline(at=NOW + 3600, source="env:SAGEMAKER")
+    cli = Deadline(at=NOW + 9000, source="cli")
+    assert winner([Answer(late.source, late), Answer(early.source, early)]) == early
+    assert winner([Answer("cli", cli), Answer(early.source, early)]) == cli
+    assert winner([Answer("env:MLP", reason="not set")]) is None
+
+
+def test_deadline_flag_skips_discovery() -> None:
+    """With --deadline, no other source is even asked."""
+    sources = build_sources(["cli", "env"], SourceSettings(deadline="+1h"), {MLP_VAR: "1"}, NOW)
+    assert [s.name for s in sources] == ["cli"]
+    assert isinstance(sources[0], CliSource)
+
+
+def test_a_failing_source_is_an_answer_not_an_exception() -> None:
+    """A buggy source becomes a reason in the chain; training is never taken down by it."""
+
+    class Broken:
+        name = "broken"
+        period_s = None
+
+        def resolve(self, now: float) -> Deadline:
+            raise KeyError("oops")
+
+    answer = ask(Broken(), NOW)
+    assert answer.deadline is None and "KeyError" in answer.reason
+
+
+def run_deadline(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    clean = {k: v for k, v in os.environ.items() if k not in (MLP_VAR, SAGEMAKER_VAR)}
+    return subprocess.run([PYTHON, "-m", "esiwrap", "deadline", *args], capture_output=True,
+                          text=True, env={**clean, **env}, timeout=30)
+
+
+def test_deadline_command_reports_each_source_and_the_winner() -> None:
+    """`esiwrap deadline --json`: every source's answer, the winner, exit 0."""
+    soon = int(time.time()) + 3600
+    done = run_deadline("--json", "--sources", "env", env={MLP_VAR: str(soon), SAGEMAKER_VAR: "x"})
+    assert done.returncode == EXIT_OK, done.stderr
+    report = json.loads(done.stdout)
+    assert report["source"] == "env:MLP" and report["epoch"] == soon
+    mlp, sagemaker = report["sources"]
+    assert mlp["ok"] and mlp["raw"] == str(soon)
+    assert not sagemaker["ok"] and "'x'" in sagemaker["reason"]
+
+
+def test_deadline_command_without_any_deadline_exits_3() -> None:
+    """No source knows: one line per source and a hint, exit 3."""
+    done = run_deadline("--sources", "env", env={})
+    assert done.returncode == EXIT_NO_DEADLINE
+    lines = done.stdout.strip().splitlines()
+    assert lines[0].startswith("env:MLP") and "not set" in lines[0]
+    assert "pass --deadline" in lines[-1]

@@ -1,0 +1,158 @@
+"""esiwrap.trainer in-process: handlers, flags and the messages it sends on a real socket."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+import esiwrap.trainer as esi
+from esiwrap.channel import SIGNAL_ENV, SOCKET_ENV, ChannelClient, ChannelServer, Message, decode
+
+
+@pytest.fixture
+def server(monkeypatch: pytest.MonkeyPatch) -> Iterator[ChannelServer]:
+    """A real supervisor-side socket, exported the way esiwrap exports it."""
+    srv = ChannelServer()
+    monkeypatch.setenv(SOCKET_ENV, srv.path)
+    monkeypatch.delenv(SIGNAL_ENV, raising=False)
+    yield srv
+    esi.uninstall()
+    esi.clear()
+    srv.close()
+
+
+def messages(srv: ChannelServer) -> list[Message]:
+    return srv.receive()
+
+
+def test_install_says_hello_and_the_handler_only_sets_the_flag(server: ChannelServer) -> None:
+    """A real SIGUSR1 sets the flag; the hello carries pid, rank and the integration."""
+    esi.install()
+    hello = messages(server)[0]
+    assert (hello.type, hello.pid) == ("hello", os.getpid())
+    assert hello.fields["rank"] == 0 and hello.fields["saves"] is True
+    assert not esi.save_requested()
+    os.kill(os.getpid(), signal.SIGUSR1)
+    assert esi.save_requested()
+    esi.clear()
+    assert not esi.save_requested()
+
+
+def test_previous_handler_is_chained_and_restored(server: ChannelServer) -> None:
+    """install() chains the handler that was there; uninstall() puts it back."""
+    seen: list[int] = []
+
+    def previous(signum: int, _frame: object) -> None:
+        seen.append(signum)
+
+    old = signal.signal(signal.SIGUSR1, previous)
+    try:
+        esi.install()
+        os.kill(os.getpid(), signal.SIGUSR1)
+        assert esi.save_requested() and seen == [signal.SIGUSR1]
+        esi.uninstall()
+        assert signal.getsignal(signal.SIGUSR1) is previous
+    finally:
+        signal.signal(signal.SIGUSR1, old)
+
+
+def test_signal_comes_from_esiwrap_env(server: ChannelServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--signal SIGUSR2` is exported as ESIWRAP_SIGNAL; install() listens to it."""
+    monkeypatch.setenv(SIGNAL_ENV, "SIGUSR2")
+    esi.install()
+    os.kill(os.getpid(), signal.SIGUSR2)
+    assert esi.save_requested()
+
+
+def test_works_without_esiwrap(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No ESIWRAP_SOCKET: install() still works, so `kill -USR1` asks for a save by hand."""
+    monkeypatch.delenv(SOCKET_ENV, raising=False)
+    esi.install()
+    try:
+        esi.step_done(1)  # nowhere to send: silently nothing
+        os.kill(os.getpid(), signal.SIGUSR1)
+        assert esi.save_requested()
+        with esi.saving(1, "/tmp/x"):
+            pass
+        assert not esi.save_requested()
+    finally:
+        esi.uninstall()
+
+
+def test_install_off_the_main_thread_is_refused(server: ChannelServer) -> None:
+    """Signal handlers belong to the main thread; say so instead of failing obscurely."""
+    errors: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            esi.install()
+        except RuntimeError as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    thread.join()
+    assert errors and "main thread" in str(errors[0])
+
+
+def test_step_and_save_messages(server: ChannelServer) -> None:
+    """step_done and saving() report boundaries, begin/end, duration and path; success clears."""
+    esi.install()
+    esi.step_done(7)
+    esi.request_save()
+    with esi.saving(7, "/ckpt/step7"):
+        pass
+    got = messages(server)
+    kinds = [m.type for m in got]
+    assert kinds == ["hello", "step", "save_begin", "save_end"]
+    step, begin, end = got[1], got[2], got[3]
+    assert step.fields["step"] == 7 and step.fields["duration_s"] >= 0
+    assert begin.fields["step"] == 7
+    assert end.fields["ok"] is True and end.fields["path"] == "/ckpt/step7"
+    assert not esi.save_requested()
+
+
+def test_failed_save_is_reported_and_keeps_the_request(server: ChannelServer) -> None:
+    """An exception inside saving() is a failed save; the request stays for the next boundary."""
+    esi.install()
+    esi.request_save()
+    with pytest.raises(OSError), esi.saving(3):
+        raise OSError("disk full")
+    end = messages(server)[-1]
+    assert end.type == "save_end" and end.fields["ok"] is False
+    assert "disk full" in end.fields["error"]
+    assert esi.save_requested()
+
+
+def test_sending_never_raises_or_blocks_without_a_receiver(tmp_path) -> None:
+    """A vanished supervisor (socket gone) costs the trainer nothing but a False."""
+    client = ChannelClient(str(tmp_path / "gone.sock"))
+    assert client.send("step", step=1) is False
+    assert client.send("step", step=object()) is False  # not JSON: dropped, not raised
+    assert ChannelClient(None).send("step", step=1) is False
+
+
+def test_decode_rejects_what_is_not_a_message() -> None:
+    """Only well-formed JSON objects with a known type and a pid are messages."""
+    assert decode(b"not json") is None
+    assert decode(b"[1,2]") is None
+    assert decode(b'{"type":"nope","pid":1}') is None
+    assert decode(b'{"type":"step","pid":"1"}') is None
+    assert decode(b'{"type":"step","pid":true}') is None
+    message = decode(b'{"type":"step","pid":5,"step":"x","duration_s":1}')
+    assert message is not None and message.get_int("step", -1) == -1
+    assert message.get_float("duration_s") == 1.0
+
+
+def test_hello_from_another_rank(server: ChannelServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """RANK/WORLD_SIZE from torchrun are in the hello; saves=False marks a non-saving rank."""
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    esi.install(saves=False, stop_signal="SIGINT")
+    hello = messages(server)[0]
+    assert hello.fields["rank"] == 1 and hello.fields["world_size"] == 2
+    assert hello.fields["saves"] is False and hello.fields["stop_signal"] == "SIGINT"
