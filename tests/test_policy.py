@@ -175,3 +175,14 @@ def test_moved_enough() -> None:
     assert moved_enough(None, 5.0)
     assert not moved_enough(100.0, 103.0)
     assert moved_enough(100.0, 110.0)
+
+
+def test_nominal_plan_ignores_a_long_running_step_but_the_timer_does_not() -> None:
+    """The logged plan is deadline - (step + save + reserve); the timer moves forward when the
+    running step is already longer than the estimate."""
+    config = PolicyConfig(redundant_s=20.0, save_duration_s=2.0)
+    obs = observed(*([1.0] * 10), start=DEADLINE - 100.0)  # last boundary 90 s before
+    plan = plan_save(DEADLINE, obs, config, "insurance")
+    assert plan.nominal_at == DEADLINE - 23.0
+    assert plan.signal_at == pytest.approx((DEADLINE - 22.0 + DEADLINE - 90.0) / 2)
+    assert plan.signal_at < plan.nominal_at

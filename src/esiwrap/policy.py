@@ -121,18 +121,21 @@ class SavePlan:
     """When to send the save signal, and the inputs that produced it (for the log)."""
 
     kind: SaveKind
-    signal_at: float
+    signal_at: float  # the timer: already brought forward for a step running longer than usual
     step_estimate_s: float
     save_estimate_s: float
     reserve_s: float
+    nominal_at: float = 0.0  # deadline - (step + save + reserve): the plan while steps stay usual
 
 
 def plan_save(deadline: float, obs: Observations, config: PolicyConfig, kind: SaveKind) -> SavePlan:
     step = step_estimate_s(obs, config)
     save = save_estimate_s(obs, config)
     reserve = config.redundant_s if kind == "insurance" else config.final_margin_s
-    signal_at = latest_signal_at(deadline - save - reserve, step, obs.step_started_at)
-    return SavePlan(kind, signal_at, step or 0.0, save, reserve)
+    cutoff = deadline - save - reserve
+    signal_at = latest_signal_at(cutoff, step, obs.step_started_at)
+    nominal_at = cutoff - step if step is not None else signal_at
+    return SavePlan(kind, signal_at, step or 0.0, save, reserve, nominal_at)
 
 
 def next_save(

@@ -450,11 +450,13 @@ class Supervisor:
                 "deadline_too_close", remaining_s=round(self._remaining(now), 3),
                 needed_s=round(needed_s(plan), 3),
             )
-        if moved_enough(self._logged_signal_at, plan.signal_at):
-            self._logged_signal_at = plan.signal_at
+        # The log shows the plan while steps keep their usual length; the timer may come earlier
+        # when a step runs long, and that is logged when the signal is sent.
+        if moved_enough(self._logged_signal_at, plan.nominal_at):
+            self._logged_signal_at = plan.nominal_at
             self.log.info(
-                "save_scheduled", kind=plan.kind, signal_at=iso_utc(plan.signal_at),
-                in_s=round(plan.signal_at - now, 3), step_estimate_s=round(plan.step_estimate_s, 3),
+                "save_scheduled", kind=plan.kind, signal_at=iso_utc(plan.nominal_at),
+                in_s=round(plan.nominal_at - now, 3), step_estimate_s=round(plan.step_estimate_s, 3),
                 save_estimate_s=round(plan.save_estimate_s, 3), redundant_s=plan.reserve_s,
             )
 
