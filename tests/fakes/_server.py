@@ -26,7 +26,7 @@ class Running:
     def __init__(self, handler: type[BaseHTTPRequestHandler]) -> None:
         self.server = LoopbackServer(handler, self)
         self.url = self.server.url
-        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self._thread = threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True)
         self._thread.start()
         self.lock = threading.Lock()
 

@@ -37,13 +37,13 @@ class MetadataError(Exception):
 class Dialect:
     """The header names of one cloud's IMDSv2 flavour."""
 
-    cloud: str
+    where: str  # for "not on <where>?"
     ttl_header: str
     token_header: str
 
 
-VOLCENGINE = Dialect("Volcengine", "X-volc-ecs-metadata-token-ttl-seconds", "X-volc-ecs-metadata-token")
-AWS = Dialect("AWS", "X-aws-ec2-metadata-token-ttl-seconds", "X-aws-ec2-metadata-token")
+VOLCENGINE = Dialect("a Volcengine ECS instance", "X-volc-ecs-metadata-token-ttl-seconds", "X-volc-ecs-metadata-token")
+AWS = Dialect("an AWS EC2 instance", "X-aws-ec2-metadata-token-ttl-seconds", "X-aws-ec2-metadata-token")
 
 
 @dataclass(frozen=True)
@@ -123,7 +123,7 @@ class MetadataClient:
             try:
                 status, body = self._exchange(method, path, headers)
             except OSError as exc:  # refused, unreachable, timed out, reset
-                failure = _describe(exc, t)
+                failure = _describe(exc)
                 continue
             if status >= 500:
                 failure = f"HTTP {status}"
@@ -132,7 +132,7 @@ class MetadataClient:
         if failure.startswith("HTTP"):
             msg = f"{self.base_url}{path} answered {failure}"
             raise MetadataError(msg)
-        reason = f"nothing answered at {self.base_url} ({failure})"
+        reason = f"{self.base_url}: {failure}"
         with self._lock:
             self._unreachable_until = time.monotonic() + t.remember_unreachable_s
             self._unreachable_reason = reason
@@ -141,21 +141,27 @@ class MetadataClient:
     def _exchange(self, method: str, path: str, headers: dict[str, str]) -> tuple[int, str]:
         conn = http.client.HTTPConnection(self._host, self._port, timeout=self.timeouts.connect_s)
         try:
-            conn.connect()
+            try:
+                conn.connect()
+            except TimeoutError:
+                raise TimeoutError(f"connect timed out after {self.timeouts.connect_s:g}s") from None
             assert conn.sock is not None
             conn.sock.settimeout(self.timeouts.read_s)
             conn.request(method, path, headers=headers)
-            response = conn.getresponse()
-            return response.status, response.read(65536).decode("utf-8", "replace")
+            try:
+                response = conn.getresponse()
+                return response.status, response.read(65536).decode("utf-8", "replace")
+            except TimeoutError:
+                raise TimeoutError(f"no answer within {self.timeouts.read_s:g}s") from None
         except http.client.HTTPException as exc:  # a garbled answer counts as a failed exchange
             raise ConnectionError(f"bad HTTP answer: {type(exc).__name__}") from None
         finally:
             conn.close()
 
 
-def _describe(exc: OSError, timeouts: Timeouts) -> str:
+def _describe(exc: OSError) -> str:
     if isinstance(exc, TimeoutError):
-        return f"timed out after {timeouts.connect_s:g}s connect / {timeouts.read_s:g}s read"
+        return str(exc) or "timed out"
     if isinstance(exc, ConnectionRefusedError):
         return "connection refused"
     return exc.strerror or str(exc) or type(exc).__name__

@@ -68,8 +68,7 @@ class SpotNoticeSource:
             body = self.metadata.get(self.path)
         except MetadataUnreachable as exc:
             self._period_s = min(self.max_backoff_s, max(self.poll_s, self._period_s * 2))
-            cloud = self.metadata.dialect.cloud
-            msg = f"metadata service unreachable, not on a {cloud} instance? ({exc})"
+            msg = f"metadata service unreachable, not on {self.metadata.dialect.where}? ({exc})"
             raise SourceUnavailable(msg, expected=True) from None
         except MetadataError as exc:
             self._period_s = self.poll_s

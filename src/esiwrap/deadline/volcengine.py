@@ -88,14 +88,14 @@ class VolcengineSource:
         try:
             value = self.metadata.get(path)
         except MetadataUnreachable as exc:
-            msg = f"metadata service unreachable, not on a Volcengine ECS instance? ({exc})"
+            msg = f"metadata service unreachable, not on {self.metadata.dialect.where}? ({exc})"
             raise SourceUnavailable(msg, expected=True) from None
         except MetadataError as exc:
             msg = f"metadata service failed for {item}: {exc}"
             raise SourceUnavailable(msg) from None
         if value is None or not value.strip():
             msg = f"the metadata service has no {item} ({self.metadata.base_url}{path}); " \
-                  "not on a Volcengine ECS instance?"
+                  f"not on {self.metadata.dialect.where}?"
             raise SourceUnavailable(msg, expected=True)
         return value.strip()
 
