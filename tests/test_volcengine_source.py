@@ -11,7 +11,7 @@ import pytest
 from fakes.fixtures import INSTANCE_ID, REGION, SCHEDULED_ID, rfc3339_in
 from fakes.metadata import FakeMetadata
 from fakes.network import Blackhole, Silent, closed_port_url
-from fakes.volcengine_api import ACCESS_DENIED, THROTTLED, FakeVolcengineApi, Failure
+from fakes.volcengine_api import ACCESS_DENIED, THROTTLED, Failure, FakeVolcengineApi
 
 from esiwrap.deadline import ask, parse_iso
 from esiwrap.deadline.metadata import VOLCENGINE, MetadataClient, Timeouts
@@ -20,7 +20,8 @@ from esiwrap.deadline.volcengine import INSTALL_HINT, VolcengineSettings, Volcen
 pytestmark = pytest.mark.usefixtures("volcengine_credentials")
 
 
-def source(metadata_url: str, api: FakeVolcengineApi | None, **settings: float | str | None) -> VolcengineSource:
+def source(metadata_url: str, api: FakeVolcengineApi | None,
+           **settings: float | str | None) -> VolcengineSource:
     client = MetadataClient(metadata_url, VOLCENGINE, Timeouts(connect_s=0.5, read_s=0.5))
     endpoint = api.url if api is not None else closed_port_url()
     return VolcengineSource(client, VolcengineSettings(endpoint=endpoint, **settings))  # type: ignore[arg-type]
@@ -57,7 +58,8 @@ def test_rfc3339_with_offset_or_z(fake_metadata: FakeMetadata, fake_api: FakeVol
     assert abs(answer.deadline.at - 1796083200.0) < 1.0
 
 
-def test_region_override_skips_the_metadata_item(fake_metadata: FakeMetadata, fake_api: FakeVolcengineApi) -> None:
+def test_region_override_skips_the_metadata_item(fake_metadata: FakeMetadata,
+                                                 fake_api: FakeVolcengineApi) -> None:
     """--volcengine-region wins over the metadata's region_id, and the request is signed for it."""
     fake_metadata.set("/latest/region_id", None)
     answer = ask(source(fake_metadata.url, fake_api, region="cn-shanghai"), time.time())
@@ -75,7 +77,8 @@ def test_not_a_scheduled_instance(fake_metadata: FakeMetadata, fake_api: FakeVol
     assert fake_api.actions() == ["DescribeInstances"]
 
 
-def test_access_denied_names_the_permissions(fake_metadata: FakeMetadata, fake_api: FakeVolcengineApi) -> None:
+def test_access_denied_names_the_permissions(fake_metadata: FakeMetadata,
+                                             fake_api: FakeVolcengineApi) -> None:
     """AccessDenied: the reason names the two permissions the credentials need."""
     fake_api.state.failure = ACCESS_DENIED
     answer = ask(source(fake_metadata.url, fake_api), time.time())

@@ -42,7 +42,8 @@ class Dialect:
     token_header: str
 
 
-VOLCENGINE = Dialect("a Volcengine ECS instance", "X-volc-ecs-metadata-token-ttl-seconds", "X-volc-ecs-metadata-token")
+VOLCENGINE = Dialect("a Volcengine ECS instance", "X-volc-ecs-metadata-token-ttl-seconds",
+                     "X-volc-ecs-metadata-token")
 AWS = Dialect("an AWS EC2 instance", "X-aws-ec2-metadata-token-ttl-seconds", "X-aws-ec2-metadata-token")
 
 
