@@ -2,8 +2,9 @@
 
 Sources may block on the network (bounded by their own timeouts), so each source is asked on a
 thread of its own: a slow API call never delays a spot-notice poll. The first answers of all
-sources are handed over together, so the first `deadline_resolved` is the winner among all of
-them; later answers are handed over as they come. Answers reach the loop through a queue, with
+sources are handed over together (or those in by `FIRST_ROUND_WAIT_S`, so one slow API cannot
+hold back the others), so the first `deadline_resolved` is the winner among all of them; later
+answers are handed over as they come. Answers reach the loop through a queue, with
 one byte on a socket to wake it. The threads never log and never decide: the loop does both.
 """
 
@@ -18,6 +19,8 @@ from collections.abc import Sequence
 
 from esiwrap.deadline import Answer, Source, ask
 
+FIRST_ROUND_WAIT_S = 3.0
+
 
 class DeadlineWatcher:
     def __init__(self, sources: Sequence[Source], wake: socket.socket) -> None:
@@ -25,8 +28,10 @@ class DeadlineWatcher:
         self._wake = wake
         self._answers: queue.SimpleQueue[list[Answer]] = queue.SimpleQueue()
         self._stopping = threading.Event()
-        self._first_round: dict[int, Answer] = {}
+        self._first_round: dict[int, Answer] | None = {}  # None once handed over
         self._first_lock = threading.Lock()
+        self._first_timer = threading.Timer(FIRST_ROUND_WAIT_S, self._hand_over_first_round)
+        self._first_timer.daemon = True
         self._threads = [
             threading.Thread(target=self._watch, args=(index, source), daemon=True,
                              name=f"esiwrap-deadline-{source.name}")
@@ -36,9 +41,11 @@ class DeadlineWatcher:
     def start(self) -> None:
         for thread in self._threads:
             thread.start()
+        self._first_timer.start()
 
     def stop(self) -> None:
         self._stopping.set()
+        self._first_timer.cancel()
 
     def drain(self) -> list[Answer]:
         """Every answer that arrived since the last call, oldest first."""
@@ -65,11 +72,24 @@ class DeadlineWatcher:
 
     def _first_answer(self, index: int, answer: Answer) -> None:
         with self._first_lock:
-            self._first_round[index] = answer
-            if len(self._first_round) < len(self._sources):
-                return
+            if self._first_round is not None:
+                self._first_round[index] = answer
+                if len(self._first_round) < len(self._sources):
+                    return
+        if not self._hand_over_first_round():
+            self._post([answer])  # too late for the first round
+
+    def _hand_over_first_round(self) -> bool:
+        """Post the first answers collected so far, once; False if that was done already."""
+        with self._first_lock:
+            if self._first_round is None:
+                return False
             batch = [self._first_round[i] for i in sorted(self._first_round)]
-        self._post(batch)
+            self._first_round = None
+        self._first_timer.cancel()
+        if batch:
+            self._post(batch)
+        return True
 
     def _post(self, answers: list[Answer]) -> None:
         self._answers.put(answers)
