@@ -20,7 +20,13 @@ from typing import Any, NoReturn
 from esiwrap import __version__
 from esiwrap.deadline import Answer, TimeParseError, ask_all, parse_duration, parse_when, winner
 from esiwrap.deadline.metadata import AWS_METADATA_URL, VOLCENGINE_METADATA_URL
-from esiwrap.deadline.registry import DEFAULT_SOURCES, SourceSettings, build_sources, parse_source_names
+from esiwrap.deadline.registry import (
+    DEFAULT_SOURCES,
+    KNOWN_SOURCES,
+    SourceSettings,
+    build_sources,
+    parse_source_names,
+)
 from esiwrap.errors import (
     EXIT_FAILURE,
     EXIT_NO_DEADLINE,
@@ -168,7 +174,7 @@ def _sources(text: str) -> list[str]:
     try:
         return parse_source_names(text)
     except UsageError:
-        msg = "unknown source name"
+        msg = f"unknown source name; choose from {','.join(KNOWN_SOURCES)}"
         raise ValueError(msg) from None
 
 
