@@ -16,10 +16,11 @@ from esiwrap_harness import EsiwrapRun
 # esiwrap started by a test is pointed at a closed loopback port; tests that need a metadata
 # service start a loopback fake and pass its URL.
 NO_METADATA_URL = "http://127.0.0.1:9"
-pytest_plugins = ["fakes.fixtures"]
 os.environ["ESIWRAP_METADATA_URL"] = NO_METADATA_URL
 os.environ["ESIWRAP_AWS_METADATA_URL"] = NO_METADATA_URL
 os.environ["VOLCENGINE_ECS_METADATA_DISABLED"] = "true"  # the SDK's IAM-role credential lookup
+
+pytest_plugins = ["fakes.fixtures"]  # fake_metadata, fake_api, cloud_env, ... (tests/fakes/)
 
 
 @pytest.fixture
