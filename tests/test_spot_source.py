@@ -85,3 +85,12 @@ def test_aws_instance_action_with_imdsv2(fake_aws_metadata: FakeMetadata) -> Non
     assert answer.deadline.detail["action"] == "terminate"
     assert fake_aws_metadata.hits[0].method == "PUT"
     assert all(h.token_ok for h in fake_aws_metadata.gets(AWS_SPOT_PATH))
+
+
+def test_an_expired_token_is_renewed(fake_metadata: FakeMetadata) -> None:
+    """The service forgets the session token (401): one new token PUT, then the poll goes on."""
+    spot = volcengine_spot(MetadataClient(fake_metadata.url, VOLCENGINE), 300.0)
+    assert ask(spot, time.time()).reason == "no spot interruption notice"
+    fake_metadata.tokens.clear()
+    assert ask(spot, time.time()).reason == "no spot interruption notice"
+    assert [h.method for h in fake_metadata.hits] == ["PUT", "GET", "GET", "PUT", "GET"]
