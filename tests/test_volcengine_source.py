@@ -222,3 +222,10 @@ def test_metadata_that_never_answers_is_a_read_timeout(fake_api: FakeVolcengineA
         answer = ask(source(silent.url, fake_api), time.time())
         assert time.monotonic() - started < 3.0
     assert "no answer within 0.5s" in answer.reason and answer.expected
+
+
+def test_api_endpoint_refusing_connections(fake_metadata: FakeMetadata) -> None:
+    """Nothing listens at the endpoint: retried a bounded number of times, then a reason naming it."""
+    answer = ask(source(fake_metadata.url, None, retries=1), time.time())
+    assert "cannot connect to the ECS API at http://127.0.0.1:" in answer.reason
+    assert "--volcengine-endpoint" in answer.reason
