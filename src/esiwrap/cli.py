@@ -19,7 +19,14 @@ from typing import Any, NoReturn
 
 from esiwrap import __version__
 from esiwrap.deadline import Answer, TimeParseError, ask_all, parse_duration, parse_when, winner
-from esiwrap.deadline.registry import DEFAULT_SOURCES, SourceSettings, build_sources, parse_source_names
+from esiwrap.deadline.metadata import AWS_METADATA_URL, VOLCENGINE_METADATA_URL
+from esiwrap.deadline.registry import (
+    DEFAULT_SOURCES,
+    KNOWN_SOURCES,
+    SourceSettings,
+    build_sources,
+    parse_source_names,
+)
 from esiwrap.errors import (
     EXIT_FAILURE,
     EXIT_NO_DEADLINE,
@@ -147,11 +154,27 @@ def _deadline_text(text: str) -> str:
     return text
 
 
+def _metadata_url(text: str) -> str:
+    url = text.strip().rstrip("/")
+    if not url.startswith("http://") or len(url) <= len("http://"):
+        msg = "the metadata service is plain HTTP; use http://HOST[:PORT]"
+        raise ValueError(msg)
+    return url
+
+
+def _endpoint(text: str) -> str:
+    url = text.strip().rstrip("/")
+    if not url or " " in url:
+        msg = "not a host or URL"
+        raise ValueError(msg)
+    return url
+
+
 def _sources(text: str) -> list[str]:
     try:
         return parse_source_names(text)
     except UsageError:
-        msg = "unknown source name"
+        msg = f"unknown source name; choose from {','.join(KNOWN_SOURCES)}"
         raise ValueError(msg) from None
 
 
@@ -163,6 +186,15 @@ SOURCE_OPTIONS = (
     Option("--sagemaker-lead", _seconds, 1800.0, "1800",
            "seconds before a SageMaker capacity block's end time that termination starts"),
     Option("--refresh", _seconds, 300.0, "300", "seconds between deadline re-resolutions"),
+    Option("--volcengine-endpoint", _endpoint, None, "https://ecs.cn-beijing.volcengineapi.com",
+           "ECS OpenAPI endpoint (host or URL); default: the SDK's endpoint for the region"),
+    Option("--volcengine-region", _identity, None, "cn-beijing",
+           "ECS region (else VOLCENGINE_REGION, else the metadata service's region_id)"),
+    Option("--volcengine-timeout", _seconds, 5.0, "5", "ECS OpenAPI read timeout per attempt"),
+    Option("--metadata-url", _metadata_url, VOLCENGINE_METADATA_URL, VOLCENGINE_METADATA_URL,
+           "Volcengine instance metadata service"),
+    Option("--aws-metadata-url", _metadata_url, AWS_METADATA_URL, AWS_METADATA_URL,
+           "AWS instance metadata service (aws-spot)"),
 )
 
 RUN_OPTIONS = (
@@ -282,6 +314,11 @@ def source_settings(values: Mapping[str, Any]) -> SourceSettings:
         deadline=values["deadline"],
         sagemaker_lead_s=values["sagemaker_lead"],
         refresh_s=values["refresh"],
+        volcengine_endpoint=values["volcengine_endpoint"],
+        volcengine_region=values["volcengine_region"],
+        volcengine_timeout_s=values["volcengine_timeout"],
+        metadata_url=values["metadata_url"],
+        aws_metadata_url=values["aws_metadata_url"],
     )
 
 

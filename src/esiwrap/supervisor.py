@@ -408,14 +408,22 @@ class Supervisor:
         else:
             self.log.warning(
                 "deadline_changed", old=old.iso(), new=new.iso(), source=new.source,
-                remaining_s=round(new.at - now, 3),
+                remaining_s=round(new.at - now, 3), raw=new.raw,
             )
         if self.phase is Phase.CONTINUING and (old is None or new.at > old.at):
             self.phase, self.saves_done = Phase.RUNNING, 0  # a renewal: plan against it afresh
+        elif old is not None and new.at > old.at and self._renewal_fits_insurance(new.at, now):
+            self.saves_done, self.plan = 0, None  # renewed after a save: insure the new stretch too
         if new.at <= now and self.phase is Phase.RUNNING and self._ack_until is None:
             self._deadline_already_passed(now)
             return
         self._replan(now)
+
+    def _renewal_fits_insurance(self, deadline: float, now: float) -> bool:
+        """A later deadline while running, after a save: is there room for a new insurance save?"""
+        if self.phase is not Phase.RUNNING or self.request is not None or self.saves_done == 0:
+            return False
+        return plan_save(deadline, self.obs, self.config.policy, "insurance").signal_at > now
 
     def _deadline_already_passed(self, now: float) -> None:
         """Learned too late: save at once if anything can, give it --stop-grace, then stop."""

@@ -1,14 +1,16 @@
 """Ask the deadline sources off the supervisor's loop, each on its own period.
 
-Sources may block on the network (bounded by their own timeouts), so one background thread asks
-them and hands the answers to the loop through a queue, waking it with one byte on a socket.
-The thread never logs and never decides: the loop does both.
+Sources may block on the network (bounded by their own timeouts), so each source is asked on a
+thread of its own: a slow API call never delays a spot-notice poll. The first answers of all
+sources are handed over together (or those in by `FIRST_ROUND_WAIT_S`, so one slow API cannot
+hold back the others), so the first `deadline_resolved` is the winner among all of them; later
+answers are handed over as they come. Answers reach the loop through a queue, with
+one byte on a socket to wake it. The threads never log and never decide: the loop does both.
 """
 
 from __future__ import annotations
 
 import contextlib
-import math
 import queue
 import socket
 import threading
@@ -17,6 +19,8 @@ from collections.abc import Sequence
 
 from esiwrap.deadline import Answer, Source, ask
 
+FIRST_ROUND_WAIT_S = 3.0
+
 
 class DeadlineWatcher:
     def __init__(self, sources: Sequence[Source], wake: socket.socket) -> None:
@@ -24,13 +28,24 @@ class DeadlineWatcher:
         self._wake = wake
         self._answers: queue.SimpleQueue[list[Answer]] = queue.SimpleQueue()
         self._stopping = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="esiwrap-deadline", daemon=True)
+        self._first_round: dict[int, Answer] | None = {}  # None once handed over
+        self._first_lock = threading.Lock()
+        self._first_timer = threading.Timer(FIRST_ROUND_WAIT_S, self._hand_over_first_round)
+        self._first_timer.daemon = True
+        self._threads = [
+            threading.Thread(target=self._watch, args=(index, source), daemon=True,
+                             name=f"esiwrap-deadline-{source.name}")
+            for index, source in enumerate(self._sources)
+        ]
 
     def start(self) -> None:
-        self._thread.start()
+        for thread in self._threads:
+            thread.start()
+        self._first_timer.start()
 
     def stop(self) -> None:
         self._stopping.set()
+        self._first_timer.cancel()
 
     def drain(self) -> list[Answer]:
         """Every answer that arrived since the last call, oldest first."""
@@ -41,19 +56,40 @@ class DeadlineWatcher:
             except queue.Empty:
                 return answers
 
-    def _run(self) -> None:
-        next_due = {id(source): 0.0 for source in self._sources}
+    def _watch(self, index: int, source: Source) -> None:
+        first = True
         while not self._stopping.is_set():
-            due = [s for s in self._sources if next_due[id(s)] <= time.monotonic()]
-            if due:
-                self._post([ask(source, time.time()) for source in due])
-                for source in due:
-                    period = source.period_s
-                    next_due[id(source)] = time.monotonic() + period if period else math.inf
-            soonest = min(next_due.values(), default=math.inf)
-            if soonest == math.inf:
-                return  # every source is static: nothing more to learn
-            self._stopping.wait(max(0.0, soonest - time.monotonic()))
+            answer = ask(source, time.time())
+            if first:
+                self._first_answer(index, answer)
+                first = False
+            else:
+                self._post([answer])
+            period = source.period_s  # read after asking: a source may back off after a failure
+            if not period:
+                return  # a static source: its answer cannot change
+            self._stopping.wait(period)
+
+    def _first_answer(self, index: int, answer: Answer) -> None:
+        with self._first_lock:
+            if self._first_round is not None:
+                self._first_round[index] = answer
+                if len(self._first_round) < len(self._sources):
+                    return
+        if not self._hand_over_first_round():
+            self._post([answer])  # too late for the first round
+
+    def _hand_over_first_round(self) -> bool:
+        """Post the first answers collected so far, once; False if that was done already."""
+        with self._first_lock:
+            if self._first_round is None:
+                return False
+            batch = [self._first_round[i] for i in sorted(self._first_round)]
+            self._first_round = None
+        self._first_timer.cancel()
+        if batch:
+            self._post(batch)
+        return True
 
     def _post(self, answers: list[Answer]) -> None:
         self._answers.put(answers)
