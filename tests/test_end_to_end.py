@@ -10,9 +10,10 @@ from esiwrap_harness import PYTHON, TINY_TRAINER
 from esiwrap.errors import EXIT_CHECKPOINTED
 
 
-def demo_args(ckpt: Path, deadline: str = "+20s", *extra: str) -> list[str]:
+def demo_args(ckpt: Path, deadline: str = "+35s", *extra: str) -> list[str]:
+    # torch takes seconds to import on a loaded machine: the first save is due well after that
     return [
-        "--deadline", deadline, "--redundant-time", "6", "--save-duration", "1",
+        "--deadline", deadline, "--redundant-time", "8", "--save-duration", "1",
         "--final-margin", "2", *extra, "--",
         PYTHON, str(TINY_TRAINER), "--ckpt-dir", str(ckpt), "--step-seconds", "0.3",
     ]
@@ -32,7 +33,7 @@ def test_demo_saves_before_deadline_and_resumes(esiwrap, tmp_path: Path) -> None
     state = torch.load(tmp_path / "latest.pt", weights_only=True)
     assert state["step"] == completed[-1]["step"]
 
-    again = esiwrap(*demo_args(tmp_path, "+15s"))
+    again = esiwrap(*demo_args(tmp_path, "+25s"))
     assert again.finish(timeout=90) == EXIT_CHECKPOINTED
     assert f"starting at step {state['step']}" in again.stdout.decode()
     resumed = torch.load(tmp_path / "latest.pt", weights_only=True)
