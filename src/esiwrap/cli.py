@@ -507,6 +507,7 @@ def systemd_unit_command(argv: Sequence[str], environ: Mapping[str, str]) -> int
     written = unit.apply_install(plan, force=ns.force, dry_run=ns.dry_run)
     for item in written:
         print(f"{item.action:<14} {item.path}")
+        print(item.diff, end="")
     if name is not None:
         print(f"command        {shlex.join(resolved)}  (in {workdir})")
     print("next:" if not ns.dry_run else "then:")

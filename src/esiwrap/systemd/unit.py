@@ -12,6 +12,7 @@ running it twice is harmless and an edited file is never lost silently.
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 import shlex
@@ -54,6 +55,7 @@ class FileToWrite:
 class Written:
     path: Path
     action: str  # created | replaced | unchanged | would create | would replace
+    diff: str = ""  # dry run of a replacement: what would change
 
 
 def shipped_template() -> str:
@@ -121,10 +123,13 @@ def env_file_text(
         lines += [f"{key}={quote_env_value(value)}" for key, value in settings.items()]
     lines += [
         "",
-        "# esiwrap options, with their defaults (see `esiwrap --help`). A log file on storage that",
-        "# outlives the instance (next to the checkpoints) keeps `esiwrap report` possible after it.",
+        "# esiwrap options, with their defaults (see `esiwrap --help`); uncomment to change one.",
+        "# Tip: ESIWRAP_LOG_FILE on storage that outlives the instance (next to the checkpoints)",
+        "# keeps `esiwrap report` possible after the instance is gone.",
     ]
-    lines += [f"#{opt.env}={opt.default}  # {opt.help}" for opt in options if opt.env not in settings]
+    for opt in options:
+        if opt.env not in settings:  # no comment after a value: systemd would keep it in the value
+            lines += [f"# {opt.help}", f"#{opt.env}={opt.default}"]
     return "\n".join(lines) + "\n"
 
 
@@ -197,9 +202,9 @@ def plan_install(
 def apply_install(plan: InstallPlan, *, force: bool = False, dry_run: bool = False) -> list[Written]:
     """Write the plan's files; refuse (writing nothing) if any differs from what exists."""
     conflicts = [f.path for f in plan.files if _differs(f)]
-    if conflicts and not force:
+    if conflicts and not force and not dry_run:
         shown = ", ".join(str(p) for p in conflicts)
-        msg = (f"{shown}: exists with different content; compare it (e.g. with --dry-run and diff), "
+        msg = (f"{shown}: exists with different content; see what would change with --dry-run, "
                "then use --force to replace it")
         raise UsageError(msg)
     done = []
@@ -212,7 +217,9 @@ def apply_install(plan: InstallPlan, *, force: bool = False, dry_run: bool = Fal
             done.append(Written(file.path, "unchanged"))
             continue
         if dry_run:
-            done.append(Written(file.path, "would " + action))
+            needs = " (needs --force)" if action == "replace" and not force else ""
+            diff = _diff(file) if action == "replace" else ""
+            done.append(Written(file.path, f"would {action}{needs}", diff))
             continue
         _write_atomically(file)
         done.append(Written(file.path, action + "d"))
@@ -226,6 +233,15 @@ def _differs(file: FileToWrite) -> bool:
         return False
     except (OSError, UnicodeDecodeError):
         return True
+
+
+def _diff(file: FileToWrite) -> str:
+    try:
+        old = file.path.read_text(encoding="utf-8", errors="replace").splitlines(keepends=True)
+    except OSError as exc:
+        return f"(cannot read: {exc})\n"
+    new = file.text.splitlines(keepends=True)
+    return "".join(difflib.unified_diff(old, new, str(file.path), str(file.path) + " (new)"))
 
 
 def _write_atomically(file: FileToWrite) -> None:
