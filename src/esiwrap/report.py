@@ -309,7 +309,7 @@ def _work_at_risk(report: RunReport, events: Sequence[Event], start: float, end:
         risk.update(since=last["timestamp"], since_what=f"checkpoint of step {last.get('step')}")
     else:
         since = start
-        risk.update(since=_iso(start), since_what="the start of the run (no checkpoint in it)")
+        risk.update(since=_iso(start), since_what="the start of the run, no checkpoint in it")
     risk["seconds"] = round(max(0.0, until - since), 3)
     if report.child_exit and report.child_exit.get("code") == 0 and report.stop is None:
         risk["note"] = "the command finished by itself; what it wrote at the end is not counted"

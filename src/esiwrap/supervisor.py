@@ -162,7 +162,6 @@ class Supervisor:
         try:
             self._channel = ChannelServer()
             self._start_child()
-            self._systemd.ready(*self._status_parts(), time.monotonic())
             self._watcher.start()
             self._loop()
         except Halt as halt:
@@ -188,6 +187,7 @@ class Supervisor:
         process.become_subreaper()
         self.child_pid = process.spawn(self.config.argv, env, death_signal=signal.SIGTERM)
         self.log.info("child_started", pid=self.child_pid, argv=list(self.config.argv))
+        self._systemd.ready(*self._status_parts(), time.monotonic())
         for sock in (self._signal_r, self._wake_r):
             sock.setblocking(False)
         self._selector.register(self._signal_r, selectors.EVENT_READ, self._on_signal_bytes)
