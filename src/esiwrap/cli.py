@@ -500,7 +500,7 @@ def systemd_unit_command(argv: Sequence[str], environ: Mapping[str, str]) -> int
     if name is not None:
         resolved = unit.resolve_command(command or [], workdir, environ.get("PATH", os.defpath))
     plan = unit.plan_install(
-        name=name, command=resolved, settings=_settings(ns.setenv), options=_option_docs(),
+        name=name, command=resolved, settings=_settings(ns.setenv), options=option_docs(),
         esiwrap_path=esiwrap_path, unit_dir=os.path.abspath(ns.unit_dir), env_dir=env_dir,
         workdir=workdir if name is not None else None,
     )
@@ -550,7 +550,8 @@ def _settings(pairs: Sequence[str]) -> dict[str, str]:
     return settings
 
 
-def _option_docs() -> list[Any]:
+def option_docs() -> list[Any]:
+    """Every run option as a job's environment file lists it."""
     from esiwrap.systemd.unit import OptionDoc
 
     return [OptionDoc(opt.env, "" if opt.default is None else opt.default_text, opt.help)
