@@ -404,22 +404,29 @@ def _render_saves(run: RunReport) -> list[str]:
         return [_row("saves", "none")]
     rows: list[str] = []
     for s in run.saves:
-        text = f"{s.kind} ({s.reason}) {s.outcome}: asked {_clock(s.requested_at)}"
+        head = f"{s.kind} ({s.reason}) {s.outcome}"
+        if s.outcome == "completed":
+            head += f", step {s.step}"
+            if s.remaining_s is not None:
+                head += f", {_num(s.remaining_s)}s before the deadline"
+        elif s.step is not None:
+            head += f" (the trainer began writing step {s.step})"
+        rows.append(_row("save", head))
+        signal = f"sent {_clock(s.requested_at)}"
         if s.planned_signal_at:
-            text += f", planned {_clock(s.planned_signal_at)} ({_signed(s.signal_late_s)}s"
+            signal = f"planned {_clock(s.planned_signal_at)}, {signal} ({_signed(s.signal_late_s)}s)"
             if s.first_planned_at and s.first_planned_at != s.planned_signal_at:
-                text += f"; first plan {_clock(s.first_planned_at)}"
-            text += ")"
+                signal += f"; first plan {_clock(s.first_planned_at)}"
+        rows.append(_row("", f"  signal  {signal}"))
         if s.boundary_wait_s is not None:
-            text += f"; step boundary after {s.boundary_wait_s:g}s (step estimate {_num(s.step_estimate_s)}s)"
+            rows.append(_row("", f"  step    boundary {s.boundary_wait_s:g}s after the signal "
+                             f"(step estimate {_num(s.step_estimate_s)}s)"))
         if s.duration_s is not None:
-            text += f"; saved step {s.step} in {s.duration_s:g}s (save estimate {_num(s.save_estimate_s)}s)"
-        if s.remaining_s is not None:
-            text += f"; {_num(s.remaining_s)}s left"
-        rows.append(_row("save" if not rows else "", text))
+            rows.append(_row("", f"  write   {s.duration_s:g}s (save estimate {_num(s.save_estimate_s)}s), "
+                             f"done {_clock(s.completed_at or '')}"))
     for t in run.trainer_saves:
-        rows.append(_row("save" if not rows else "",
-                         f"trainer's own: step {t['step']} at {_clock(t['at'])} in {_num(t['duration_s'])}s"))
+        rows.append(_row("save", f"trainer's own, step {t['step']}, {_num(t['duration_s'])}s, "
+                         f"done {_clock(t['at'])}"))
     return rows
 
 
