@@ -11,6 +11,7 @@ import argparse
 import json
 import os
 import shlex
+import shutil
 import signal
 import sys
 import time
@@ -521,8 +522,6 @@ def _this_esiwrap(environ: Mapping[str, str]) -> str:
     beside = os.path.join(os.path.dirname(sys.executable), "esiwrap")
     if os.access(beside, os.X_OK):
         return os.path.abspath(beside)
-    import shutil
-
     found = shutil.which("esiwrap", path=environ.get("PATH", os.defpath))
     if found is None:
         fail("cannot find the esiwrap executable; pass --esiwrap-path /opt/esiwrap/venv/bin/esiwrap")

@@ -97,11 +97,12 @@ def epoch(timestamp: str) -> float:
 
 
 def split_runs(events: Sequence[Event]) -> list[list[Event]]:
-    """Events grouped by run_id, runs in the order they first appear, events in time order."""
+    """Events grouped by run_id, each in time order; runs in the order they started."""
     runs: dict[str, list[Event]] = {}
     for event in events:
         runs.setdefault(event["run_id"], []).append(event)
-    return [sorted(run, key=lambda e: epoch(e["timestamp"])) for run in runs.values()]
+    ordered = [sorted(run, key=lambda e: epoch(e["timestamp"])) for run in runs.values()]
+    return sorted(ordered, key=lambda run: epoch(run[0]["timestamp"]))
 
 
 # ---------------------------------------------------------------------- figures
