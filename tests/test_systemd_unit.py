@@ -174,7 +174,8 @@ def test_install_writes_refuses_and_forces(tmp_path: Path) -> None:
 
 
 def test_install_usage_errors(tmp_path: Path) -> None:
-    """Bad job names, unknown programs, bad option values, a command without a job: one line, exit 2."""
+    """Bad job names, unknown programs, bad option values, a command without a job, a directory
+    that cannot be written: one line, exit 2."""
     stub = stub_esiwrap(tmp_path)
     cases = [
         ["--install", "my job", "--esiwrap-path", str(stub), "--", "/bin/true"],
@@ -183,6 +184,8 @@ def test_install_usage_errors(tmp_path: Path) -> None:
         install_args(tmp_path, stub, "--setenv", "ESIWRAP_COMMAND=x", "--", "/bin/true"),
         ["--esiwrap-path", str(stub), "--", "/bin/true"],
         install_args(tmp_path, stub),
+        ["--install", "llama", "--esiwrap-path", str(stub), "--unit-dir", str(stub / "units"),
+         "--env-dir", str(tmp_path / "env"), "--", "/bin/true"],  # cannot write there
     ]
     for args in cases:
         done = systemd_unit(*args)

@@ -221,17 +221,22 @@ def apply_install(plan: InstallPlan, *, force: bool = False, dry_run: bool = Fal
             diff = _diff(file) if action == "replace" else ""
             done.append(Written(file.path, f"would {action}{needs}", diff))
             continue
-        _write_atomically(file)
+        try:
+            _write_atomically(file)
+        except OSError as exc:
+            msg = (f"{file.path}: cannot write it ({exc.strerror or exc}); run as root (sudo), "
+                   "or choose other directories with --unit-dir and --env-dir")
+            raise UsageError(msg) from None
         done.append(Written(file.path, action + "d"))
     return done
 
 
 def _differs(file: FileToWrite) -> bool:
+    if not file.path.exists():
+        return False
     try:
         return file.path.read_text(encoding="utf-8") != file.text
-    except FileNotFoundError:
-        return False
-    except (OSError, UnicodeDecodeError):
+    except (OSError, UnicodeDecodeError):  # unreadable: not ours to overwrite silently
         return True
 
 
