@@ -31,14 +31,15 @@ class EsiwrapRun:
     """An `esiwrap` process whose stderr (JSON lines) is read as it comes."""
 
     def __init__(self, args: Sequence[str], env: Mapping[str, str] | None = None,
-                 cwd: str | os.PathLike[str] | None = None) -> None:
+                 cwd: str | os.PathLike[str] | None = None,
+                 launcher: Sequence[str] = (PYTHON, "-m", "esiwrap")) -> None:
         full_env = dict(os.environ)
         full_env.pop("ESIWRAP_SOCKET", None)
         full_env.update(env or {})
         full_env.setdefault("PYTHONUNBUFFERED", "1")
         self.args = list(args)
         self.proc = subprocess.Popen(
-            [PYTHON, "-m", "esiwrap", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            [*launcher, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             env=full_env, cwd=cwd, start_new_session=True,
         )
         self.events: list[Event] = []

@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
+import shutil
 import signal
 import sys
 import time
@@ -38,6 +40,7 @@ from esiwrap.errors import (
 from esiwrap.policy import PolicyConfig
 
 SUBCOMMANDS = ("deadline", "report", "systemd-unit")
+COMMAND_ENV = "ESIWRAP_COMMAND"  # the command when none follows `--` (systemd environment files)
 SAVE_SIGNALS = ("SIGUSR1", "SIGUSR2")
 STOP_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGKILL")
 
@@ -340,6 +343,8 @@ def run(argv: Sequence[str], environ: Mapping[str, str]) -> int:
     if command and command[0] == "--":
         command = command[1:]
     if not command:
+        command = _command_from_env(environ)
+    if not command:
         fail("no command given; e.g. esiwrap --deadline +2h -- python train.py")
     values = resolve_options(ns, SOURCE_OPTIONS + RUN_OPTIONS + LOG_OPTIONS, environ)
 
@@ -411,6 +416,15 @@ def _print_deadline_table(answers: Sequence[Answer], best: Any, now: float) -> N
         print(f"deadline: {best.iso()} from {best.source}, {best.at - now:.0f}s from now")
 
 
+def _command_from_env(environ: Mapping[str, str]) -> list[str]:
+    """ESIWRAP_COMMAND (the systemd unit's environment file), split like a POSIX shell would."""
+    text = environ.get(COMMAND_ENV, "")
+    try:
+        return shlex.split(text)
+    except ValueError as exc:
+        fail(f"{COMMAND_ENV} {text!r}: {exc}; quote like a shell, e.g. python train.py --name 'my run'")
+
+
 def _split_command(argv: Sequence[str]) -> tuple[list[str], list[str] | None]:
     items = list(argv)
     if "--" in items:
@@ -437,4 +451,144 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _subcommand(name: str, argv: Sequence[str], environ: Mapping[str, str]) -> int:
     if name == "deadline":
         return deadline_command(argv, environ)
+    if name == "report":
+        return report_command(argv)
+    if name == "systemd-unit":
+        return systemd_unit_command(argv, environ)
     fail(f"'{name}' is not available in this version")
+
+
+def build_report_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="esiwrap report",
+                     description="The timeline and figures of esiwrap runs from their JSON-lines log: "
+                     "deadline and its changes, planned vs actual save signal, step and save "
+                     "estimates vs what happened, the stop, the exit code and the work at risk. "
+                     "Lines that are not esiwrap events are skipped; every run in the log is reported.")
+    parser.add_argument("log", nargs="?", default="-",
+                        help="a --log-file, or `journalctl -o cat -u esiwrap@JOB` output; "
+                        "- (default) reads stdin")
+    parser.add_argument("--json", action="store_true", help="one JSON object for machines")
+    parser.add_argument("--last", action="store_true", help="only the last run in the log")
+    return parser
+
+
+def report_command(argv: Sequence[str]) -> int:
+    from esiwrap import report
+
+    ns = build_report_parser().parse_args(list(argv))
+    try:
+        lines = report.open_log(ns.log)
+    except OSError as exc:
+        fail(f"{ns.log}: {exc.strerror or exc}; give a log file, or - for stdin")
+    runs, skipped = report.report(lines, last_only=ns.last)
+    if not runs:
+        fail(f"{ns.log}: no esiwrap log lines in it ({skipped} other lines); "
+             "from the journal use `journalctl -o cat -u esiwrap@JOB | esiwrap report -`")
+    print(report.to_json(runs, skipped) if ns.json else report.render_text(runs, skipped), end="")
+    return EXIT_OK
+
+
+def build_systemd_unit_parser() -> argparse.ArgumentParser:
+    from esiwrap.systemd import unit
+
+    parser = _Parser(
+        prog="esiwrap systemd-unit",
+        usage="esiwrap systemd-unit [--env-dir DIR] [--esiwrap-path PATH]\n"
+        "       esiwrap systemd-unit --install [JOB] [--setenv KEY=VALUE]... [--workdir DIR] "
+        "[--force] [--dry-run] [--unit-dir DIR] [--env-dir DIR] -- COMMAND [ARGS...]",
+        description="Print the esiwrap@.service template unit, or install it with a job's "
+        "environment file (the command, esiwrap settings) and print the systemctl commands to run.",
+    )
+    parser.add_argument("--install", nargs="?", const="", metavar="JOB",
+                        help="write the template and, with JOB, ENV_DIR/JOB.env and a drop-in with "
+                        "the working directory; without JOB, the template only")
+    parser.add_argument("--setenv", action="append", default=[], metavar="KEY=VALUE",
+                        help="a variable for the job's environment file, e.g. "
+                        "ESIWRAP_STOP_GRACE=60 (repeatable)")
+    parser.add_argument("--workdir", metavar="DIR", help="the command's working directory (default: here)")
+    parser.add_argument("--esiwrap-path", metavar="PATH",
+                        help="the esiwrap executable the unit runs (default: this one)")
+    parser.add_argument("--unit-dir", default=unit.DEFAULT_UNIT_DIR, metavar="DIR",
+                        help=f"where the unit goes (default {unit.DEFAULT_UNIT_DIR})")
+    parser.add_argument("--env-dir", default=unit.DEFAULT_ENV_DIR, metavar="DIR",
+                        help=f"where job environment files go (default {unit.DEFAULT_ENV_DIR})")
+    parser.add_argument("--force", action="store_true", help="replace files that differ")
+    parser.add_argument("--dry-run", action="store_true", help="say what would be written; write nothing")
+    return parser
+
+
+def systemd_unit_command(argv: Sequence[str], environ: Mapping[str, str]) -> int:
+    from esiwrap.systemd import unit
+
+    args, command = _split_command(argv)
+    ns = build_systemd_unit_parser().parse_args(args)
+    esiwrap_path = os.path.abspath(ns.esiwrap_path) if ns.esiwrap_path else _this_esiwrap(environ)
+    env_dir = os.path.abspath(ns.env_dir)
+    if ns.install is None:
+        if command:
+            fail("a command needs --install JOB; "
+                 "e.g. esiwrap systemd-unit --install llama -- python train.py")
+        print(unit.render_unit(esiwrap_path, env_dir), end="")
+        return EXIT_OK
+    name = ns.install or None
+    if name is None and command:
+        fail("a command needs a job name; e.g. esiwrap systemd-unit --install llama -- python train.py")
+    workdir = os.path.abspath(ns.workdir or os.getcwd())
+    resolved: list[str] = []
+    if name is not None:
+        resolved = unit.resolve_command(command or [], workdir, environ.get("PATH", os.defpath))
+    plan = unit.plan_install(
+        name=name, command=resolved, settings=_settings(ns.setenv), options=option_docs(),
+        esiwrap_path=esiwrap_path, unit_dir=os.path.abspath(ns.unit_dir), env_dir=env_dir,
+        workdir=workdir if name is not None else None,
+    )
+    written = unit.apply_install(plan, force=ns.force, dry_run=ns.dry_run)
+    for item in written:
+        print(f"{item.action:<14} {item.path}")
+        print(item.diff, end="")
+    if name is not None:
+        print(f"command        {shlex.join(resolved)}  (in {workdir})")
+    print("next:" if not ns.dry_run else "then:")
+    for step in unit.next_steps(plan):
+        print(f"  {step}")
+    return EXIT_OK
+
+
+def _this_esiwrap(environ: Mapping[str, str]) -> str:
+    """The esiwrap executable next to this Python (a venv's bin/), else the one on PATH."""
+    beside = os.path.join(os.path.dirname(sys.executable), "esiwrap")
+    if os.access(beside, os.X_OK):
+        return os.path.abspath(beside)
+    found = shutil.which("esiwrap", path=environ.get("PATH", os.defpath))
+    if found is None:
+        fail("cannot find the esiwrap executable; pass --esiwrap-path /opt/esiwrap/venv/bin/esiwrap")
+    return os.path.abspath(found)
+
+
+def _settings(pairs: Sequence[str]) -> dict[str, str]:
+    """--setenv KEY=VALUE pairs; esiwrap's own options are checked like on the command line."""
+    from esiwrap.systemd import unit
+
+    by_env = {opt.env: opt for opt in SOURCE_OPTIONS + RUN_OPTIONS + LOG_OPTIONS}
+    settings: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            fail(f"--setenv {pair!r}: expected KEY=VALUE; e.g. --setenv ESIWRAP_STOP_GRACE=60")
+        unit.check_setting(key)
+        option = by_env.get(key)
+        if option is not None:
+            resolve_options(argparse.Namespace(), [option], {key: value})
+        elif key.startswith("ESIWRAP_"):
+            print(f"esiwrap: warning: --setenv {key}: not an esiwrap option (a typo?); written anyway",
+                  file=sys.stderr)
+        settings[key] = value
+    return settings
+
+
+def option_docs() -> list[Any]:
+    """Every run option as a job's environment file lists it."""
+    from esiwrap.systemd.unit import OptionDoc
+
+    return [OptionDoc(opt.env, "" if opt.default is None else opt.default_text, opt.help)
+            for opt in SOURCE_OPTIONS + RUN_OPTIONS + LOG_OPTIONS]

@@ -2,14 +2,21 @@
 
 Every line has `timestamp` (UTC ISO-8601, milliseconds), `level`, `event` and `run_id`.
 `--log-file` adds a JSON-lines copy in a file, whatever the console format.
+
+Under systemd, when `$JOURNAL_STREAM` names stderr's own device and inode, stderr is the journal:
+lines stay JSON whatever `--log-format` says (one object per line, exceptions as a field, no
+colours), each behind a `<N>` syslog priority prefix that journald strips and turns into the
+entry's PRIORITY (`journalctl -p warning` works; `journalctl -o cat` prints the bare JSON).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 import uuid
+from collections.abc import Mapping
 from datetime import datetime, timezone
 from typing import IO, Any, Literal
 
@@ -18,6 +25,7 @@ from structlog.typing import EventDict, WrappedLogger
 
 LogFormat = Literal["json", "console"]
 LEVELS = ("debug", "info", "warning", "error")
+SYSLOG_PRIORITY = {"debug": 7, "info": 6, "warning": 4, "error": 3, "critical": 2, "exception": 3}
 
 
 def new_run_id() -> str:
@@ -37,15 +45,18 @@ class _Tee:
     the file and as JSON or readable text to the console.
     """
 
-    def __init__(self, console: IO[str], file: IO[str] | None, fmt: LogFormat) -> None:
+    def __init__(self, console: IO[str], file: IO[str] | None, fmt: LogFormat, journal: bool = False) -> None:
         self.console = console
         self.file = file
+        self.journal = journal
         self._text = structlog.dev.ConsoleRenderer(colors=False) if fmt == "console" else None
 
     def msg(self, **event_dict: Any) -> None:
         event_dict = _ordered(event_dict)
         line = json.dumps(event_dict, default=str, separators=(",", ":"))
         text = line if self._text is None else str(self._text(None, "info", dict(event_dict)))
+        if self.journal:
+            text = f"<{SYSLOG_PRIORITY.get(str(event_dict.get('level')), 6)}>{line}"
         _write(self.console, text)
         if self.file is not None:
             _write(self.file, line)
@@ -74,18 +85,34 @@ def _hand_over(_: WrappedLogger, __: str, event_dict: EventDict) -> Any:
     return event_dict
 
 
+def is_journal(stream: IO[str], environ: Mapping[str, str]) -> bool:
+    """True when `stream` is the journal socket systemd announced as `$JOURNAL_STREAM` (dev:inode)."""
+    device, sep, inode = environ.get("JOURNAL_STREAM", "").partition(":")
+    if not (sep and device.isdigit() and inode.isdigit()):
+        return False
+    try:
+        stat = os.fstat(stream.fileno())
+    except (OSError, ValueError, AttributeError):  # closed, or not a real file (tests, io.StringIO)
+        return False
+    return stat.st_dev == int(device) and stat.st_ino == int(inode)
+
+
 def configure(
     run_id: str,
     level: str = "info",
     fmt: LogFormat | None = None,
     log_file: str | None = None,
     stream: IO[str] | None = None,
+    environ: Mapping[str, str] | None = None,
 ) -> None:
     console_stream = stream if stream is not None else sys.stderr
-    if fmt is None:
+    journal = is_journal(console_stream, os.environ if environ is None else environ)
+    if journal:
+        fmt = "json"
+    elif fmt is None:
         fmt = "console" if console_stream.isatty() else "json"
     file = open(log_file, "a", encoding="utf-8", buffering=1) if log_file else None  # noqa: SIM115
-    tee = _Tee(console_stream, file, fmt)
+    tee = _Tee(console_stream, file, fmt, journal)
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,

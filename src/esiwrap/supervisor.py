@@ -25,7 +25,7 @@ from typing import Any, Literal
 
 import psutil
 
-from esiwrap import process
+from esiwrap import process, systemd
 from esiwrap.channel import SIGNAL_ENV, SOCKET_ENV, ChannelServer, Message
 from esiwrap.deadline import Answer, Deadline, Source, iso_utc, winner
 from esiwrap.errors import (
@@ -46,6 +46,7 @@ from esiwrap.policy import (
     next_save,
     plan_save,
     save_estimate_s,
+    step_estimate_s,
 )
 from esiwrap.watcher import DeadlineWatcher
 
@@ -53,6 +54,7 @@ FORWARDED = (signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR2)
 HANDLED = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGCHLD, *FORWARDED)
 MAX_WAIT_S = 60.0  # re-read the wall clock at least this often: it can jump
 KILL_WAIT_S = 5.0  # after SIGKILL, how long to wait for the tree to vanish
+STOP_TIMEOUT_MARGIN_S = 5.0  # asked of systemd on top of our own stop timeline
 POLL_WITHOUT_PIDFD_S = 0.2  # only while stopping, on kernels without pidfd_open
 HAS_PIDFD = hasattr(os, "pidfd_open")
 DEADLINE_CHANGE_S = 1.0  # smaller moves are the same deadline said twice
@@ -152,6 +154,7 @@ class Supervisor:
         self._watcher = DeadlineWatcher(self._sources, self._wake_w)
         self._old_handlers: dict[int, Any] = {}
         self._old_wakeup_fd = -1
+        self._systemd = systemd.Notifier.from_environ(self._environ)
 
     # ------------------------------------------------------------------ lifecycle
     def run(self) -> int:
@@ -185,6 +188,7 @@ class Supervisor:
         process.become_subreaper()
         self.child_pid = process.spawn(self.config.argv, env, death_signal=signal.SIGTERM)
         self.log.info("child_started", pid=self.child_pid, argv=list(self.config.argv))
+        self._systemd.ready(*self._status_parts(), time.monotonic())
         for sock in (self._signal_r, self._wake_r):
             sock.setblocking(False)
         self._selector.register(self._signal_r, selectors.EVENT_READ, self._on_signal_bytes)
@@ -219,10 +223,11 @@ class Supervisor:
             for key, _ in self._selector.select(self._next_timeout()):
                 key.data(key)
             self._housekeeping()
+            self._tell_systemd()
 
     def _next_timeout(self) -> float:
         now, mono = self._clock(), time.monotonic()
-        waits = [MAX_WAIT_S]
+        waits = [MAX_WAIT_S, self._systemd.ping_in(mono)]
         if self.phase is Phase.RUNNING and self.deadline is not None:
             waits.append(self.deadline.at - now)
             if self.plan is not None and self.request is None:
@@ -298,11 +303,13 @@ class Supervisor:
             return
         if self._ack_until is not None:
             return  # already turning a SIGTERM into a checkpoint
+        self._systemd.stopping()
         if self._progress_is_saved() or not self._signal_targets():
             status = EXIT_CHECKPOINTED if self._progress_is_saved() else None
             self._begin_stop("SIGTERM", status)
             return
         self._ack_until = time.monotonic() + self.config.stop_grace_s
+        self._extend_stop_timeout()
         if self.request is None:
             self._request_save("sigterm", self._clock())
         else:
@@ -483,9 +490,14 @@ class Supervisor:
             return
         kind = self.plan.kind if reason == "deadline" and self.plan is not None else reason
         self.request = SaveRequest(reason=reason, kind=kind, requested_at=now)
+        plan = self.plan if reason == "deadline" and self.plan is not None else None
+        planned = {} if plan is None else {  # the plan as it stood when it fired (for `esiwrap report`)
+            "planned_at": iso_utc(plan.signal_at), "step_estimate_s": round(plan.step_estimate_s, 3),
+            "save_estimate_s": round(plan.save_estimate_s, 3),
+        }
         self.log.info(
             "save_requested", reason=reason, kind=kind, remaining_s=round(self._remaining(now), 3),
-            signal=process.signal_name(self.config.save_signal), pids=targets,
+            signal=process.signal_name(self.config.save_signal), pids=targets, **planned,
         )
         if targets:
             self._signal(targets)
@@ -553,6 +565,7 @@ class Supervisor:
             return  # a save by hand changes nothing in the plan
         self.saves_done += 1
         self.plan = None
+        self._logged_signal_at = None  # the next plan is a new save: always log it
         self._replan(now)
 
     def _save_completed_log(
@@ -581,6 +594,7 @@ class Supervisor:
             if mono < limit and (self.deadline is None or self._clock() < self.deadline.at):
                 self._ack_until = limit
                 self.log.info("stop_extended", until_s=round(limit - mono, 3), reason="save in progress")
+                self._extend_stop_timeout()
                 return
         self._ack_until = None
         self.log.warning("save_missed", remaining_s=round(self._remaining(self._clock()), 3),
@@ -595,6 +609,41 @@ class Supervisor:
     def _remaining(self, now: float) -> float:
         return self.deadline.at - now if self.deadline is not None else float("nan")
 
+    # ------------------------------------------------------------------ systemd
+    def _tell_systemd(self) -> None:
+        """STATUS= when it changed, WATCHDOG=1 when due; both do nothing outside systemd."""
+        if self._systemd.enabled:
+            mono = time.monotonic()
+            self._systemd.status(*self._status_parts(), mono)
+            self._systemd.ping_if_due(mono)
+
+    def _status_parts(self) -> tuple[str, str]:
+        request, plan = self.request, self.plan
+        return systemd.status_parts(systemd.StatusFacts(
+            now=self._clock(), phase=self.phase.value,
+            deadline_at=self.deadline.at if self.deadline else None,
+            source=self.deadline.source if self.deadline else None,
+            plan_kind=plan.kind if plan else None,
+            signal_at=self._logged_signal_at if plan else None,
+            request_kind=request.kind if request else None,
+            saving_step=max(request.begun.values()) if request and request.begun else None,
+            last_saved_step=self.last_saved_step, last_step=self.obs.last_step,
+            step_estimate_s=step_estimate_s(self.obs, self.config.policy),
+            stop_reason=self.stop.reason if self.stop else None,
+            awaiting_ack=self._ack_until is not None,
+        ))
+
+    def _extend_stop_timeout(self) -> None:
+        """While systemd stops us: ask for the time the checkpoint and the stop sequence need."""
+        mono = time.monotonic()
+        if self._ack_until is not None:  # the save, then the child's stop grace
+            until = self._ack_until + self.config.stop_grace_s
+        elif self.stop is not None:
+            until = self.stop.grace_until
+        else:
+            return
+        self._systemd.extend_stop(until - mono + KILL_WAIT_S + STOP_TIMEOUT_MARGIN_S)
+
     # ------------------------------------------------------------------ stopping and reaping
     def _begin_stop(self, reason: str, exit_status: int | None, *, immediate: bool = False) -> None:
         mono = time.monotonic()
@@ -606,6 +655,8 @@ class Supervisor:
         self.plan = None
         self._ack_until = None
         self.stop = StopState(reason, exit_status, grace_until=mono + self.config.stop_grace_s)
+        self._systemd.stopping()
+        self._extend_stop_timeout()
         if self.child_pid is not None and self.child_status is None:
             self._tree = process.descendants(self.child_pid)
             if immediate:
@@ -713,8 +764,9 @@ class Supervisor:
 
 
 def child_environment(base: Mapping[str, str], socket_path: str, config: SupervisorConfig) -> dict[str, str]:
-    """The child's environment: ours, plus where to find us and which signal means "save"."""
-    env = dict(base)
+    """The child's environment: ours (minus systemd's notify socket and watchdog, which are
+    esiwrap's alone), plus where to find us and which signal means "save"."""
+    env = {key: value for key, value in base.items() if key not in systemd.CHILD_UNSET}
     env[SOCKET_ENV] = socket_path
     env[SIGNAL_ENV] = process.signal_name(config.save_signal)
     if config.run_id:

@@ -1,0 +1,498 @@
+"""`esiwrap report`: what happened in a run, read back from its JSON-lines log.
+
+Input is whatever holds the lines: a `--log-file`, `journalctl -o cat -u esiwrap@JOB` output
+(the trainer's own output interleaved), `journalctl -o json` (the line is in MESSAGE), or a file
+cut short when the instance went away. A line counts when it holds a JSON object with `event`,
+`timestamp` and `run_id`; anything else, a truncated last line included, is skipped and counted.
+
+A log can hold several runs (restarts of a unit, runs appended to one file). Each run is
+reported on its own, in the order it started; `--last` keeps only the last one.
+
+The figures per run: the deadline, its source and every change; each save asked for, with the
+planned and the actual signal time, the wait for the step boundary against the step estimate,
+the save's duration against the save estimate, and the time left when it ended; the stop and
+the exit code; and the work at risk: training time after the last completed checkpoint, up to
+the end of the run (or, for a log that just stops, the deadline).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import sys
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+from esiwrap.errors import (
+    EXIT_CHECKPOINTED,
+    EXIT_FAILURE,
+    EXIT_NOT_EXECUTABLE,
+    EXIT_NOT_FOUND,
+    EXIT_OK,
+    EXIT_SAVE_MISSED,
+    EXIT_USAGE,
+)
+
+Event = dict[str, Any]
+_DECODER = json.JSONDecoder()
+_NOT_IN_TIMELINE = frozenset({"step_observed"})
+_HEAD_KEYS = frozenset({"timestamp", "level", "event", "run_id"})
+EXIT_MEANINGS = {
+    EXIT_OK: "the command finished",
+    EXIT_CHECKPOINTED: "stopped after a completed checkpoint: resume on the next instance",
+    EXIT_SAVE_MISSED: "no acknowledged checkpoint before the deadline",
+    EXIT_USAGE: "usage error",
+    EXIT_FAILURE: "esiwrap failed, or the command exited with 1",
+    EXIT_NOT_EXECUTABLE: "the command is not executable",
+    EXIT_NOT_FOUND: "the command was not found",
+}
+
+
+# ---------------------------------------------------------------------- reading
+@dataclass
+class LogLines:
+    events: list[Event] = field(default_factory=list)
+    skipped: int = 0  # lines that were not esiwrap events (trainer output, a cut-off line)
+
+
+def read_events(lines: Iterable[str]) -> LogLines:
+    found = LogLines()
+    for line in lines:
+        event = event_of(line)
+        if event is None:
+            found.skipped += bool(line.strip())
+        else:
+            found.events.append(event)
+    return found
+
+
+def event_of(line: str) -> Event | None:
+    """The esiwrap event in a line, wherever the object starts (a journal prefix is fine)."""
+    start = line.find("{")
+    if start < 0:
+        return None
+    try:
+        obj, _ = _DECODER.raw_decode(line, start)
+    except ValueError:
+        return None
+    if not isinstance(obj, dict):
+        return None
+    if "event" not in obj and isinstance(obj.get("MESSAGE"), str):
+        return event_of(obj["MESSAGE"])  # `journalctl -o json`: our line is the message
+    if all(isinstance(obj.get(key), str) for key in ("event", "timestamp", "run_id")):
+        try:
+            epoch(obj["timestamp"])
+        except ValueError:
+            return None
+        return obj
+    return None
+
+
+def epoch(timestamp: str) -> float:
+    return datetime.fromisoformat(timestamp.replace("Z", "+00:00")).timestamp()
+
+
+def split_runs(events: Sequence[Event]) -> list[list[Event]]:
+    """Events grouped by run_id, each in time order; runs in the order they started."""
+    runs: dict[str, list[Event]] = {}
+    for event in events:
+        runs.setdefault(event["run_id"], []).append(event)
+    ordered = [sorted(run, key=lambda e: epoch(e["timestamp"])) for run in runs.values()]
+    return sorted(ordered, key=lambda run: epoch(run[0]["timestamp"]))
+
+
+# ---------------------------------------------------------------------- figures
+@dataclass
+class SaveReport:
+    kind: str
+    reason: str
+    outcome: str  # completed | failed | missed | not acknowledged
+    requested_at: str
+    first_planned_at: str | None = None  # the first plan for this save (it moves as steps are learned)
+    planned_signal_at: str | None = None  # the plan when it fired
+    signal_late_s: float | None = None  # requested minus planned: the loop's timer accuracy
+    step_estimate_s: float | None = None
+    save_estimate_s: float | None = None
+    started_at: str | None = None
+    step: int | None = None
+    boundary_wait_s: float | None = None  # signal to save start: what the step estimate covers
+    completed_at: str | None = None
+    duration_s: float | None = None
+    path: Any = None
+    remaining_s: float | None = None  # time left before the deadline when the save ended
+
+
+@dataclass
+class RunReport:
+    run_id: str
+    started_at: str
+    ended_at: str
+    duration_s: float
+    complete: bool  # the log reaches supervisor_exit
+    command: list[str] | None = None
+    deadline: dict[str, Any] | None = None
+    deadline_changes: list[dict[str, Any]] = field(default_factory=list)
+    deadline_unavailable: list[dict[str, Any]] = field(default_factory=list)
+    saves: list[SaveReport] = field(default_factory=list)
+    trainer_saves: list[dict[str, Any]] = field(default_factory=list)  # not asked for by esiwrap
+    steps: dict[str, Any] = field(default_factory=dict)
+    stop: dict[str, Any] | None = None
+    child_exit: dict[str, Any] | None = None
+    exit_code: int | None = None
+    exit_meaning: str | None = None
+    exit_reason: str | None = None
+    work_at_risk: dict[str, Any] = field(default_factory=dict)
+    warnings: list[dict[str, Any]] = field(default_factory=list)
+    timeline: list[dict[str, Any]] = field(default_factory=list)
+
+
+def summarize(events: Sequence[Event]) -> RunReport:
+    """The figures of one run (its events, in time order)."""
+    first, last = events[0], events[-1]
+    start, end = epoch(first["timestamp"]), epoch(last["timestamp"])
+    report = RunReport(
+        run_id=first["run_id"], started_at=first["timestamp"], ended_at=last["timestamp"],
+        duration_s=round(end - start, 3), complete=any(e["event"] == "supervisor_exit" for e in events),
+    )
+    _deadlines(report, events, start)
+    _saves(report, events)
+    _steps(report, events)
+    _ending(report, events)
+    report.work_at_risk = _work_at_risk(report, events, start, end)
+    report.warnings = [_brief(e, start) for e in events
+                       if e.get("level") in ("warning", "error", "critical")]
+    report.timeline = [_brief(e, start) for e in events if e["event"] not in _NOT_IN_TIMELINE]
+    return report
+
+
+def _deadlines(report: RunReport, events: Sequence[Event], start: float) -> None:
+    for e in events:
+        name = e["event"]
+        if name == "child_started" and report.command is None:
+            report.command = e.get("argv")
+        elif name == "deadline_resolved" and report.deadline is None:
+            report.deadline = {"at": e.get("deadline"), "source": e.get("source"),
+                               "remaining_s": e.get("remaining_s"), "logged_at": e["timestamp"],
+                               "after_start_s": round(epoch(e["timestamp"]) - start, 3)}
+        elif name == "deadline_changed":
+            moved = _seconds_between(e.get("old"), e.get("new"))
+            report.deadline_changes.append({"logged_at": e["timestamp"], "old": e.get("old"),
+                                            "new": e.get("new"), "source": e.get("source"),
+                                            "moved_s": moved})
+        elif name == "deadline_unavailable":
+            report.deadline_unavailable.append({"source": e.get("source"), "reason": e.get("reason")})
+
+
+def _saves(report: RunReport, events: Sequence[Event]) -> None:
+    first_plans: dict[str, Event] = {}  # kind -> the first save_scheduled since the last request
+    current: SaveReport | None = None
+    for e in events:
+        name = e["event"]
+        if name == "save_scheduled":
+            first_plans.setdefault(str(e.get("kind")), e)
+        elif name == "save_requested":
+            current = _new_save(e, first_plans.pop(str(e.get("kind")), None))
+            report.saves.append(current)
+        elif (name == "save_started" and e.get("requested") and current is not None
+              and current.started_at is None):
+            current.started_at, current.step = e["timestamp"], e.get("step")
+            current.boundary_wait_s = round(epoch(e["timestamp"]) - epoch(current.requested_at), 3)
+        elif name == "save_completed" and not e.get("requested"):
+            report.trainer_saves.append({"at": e["timestamp"], "step": e.get("step"),
+                                         "duration_s": e.get("duration_s"), "path": e.get("path")})
+        elif name == "save_completed" and current is not None:
+            current.outcome, current.completed_at = "completed", e["timestamp"]
+            current.step = e.get("step", current.step)
+            current.duration_s, current.path = e.get("duration_s"), e.get("path")
+            current.remaining_s = e.get("remaining_s")
+            current = None
+        elif name == "save_failed" and current is not None:
+            current.outcome = "failed"  # the trainer retries at its next boundary: it may still complete
+        elif name == "save_missed" and current is not None and current.outcome != "completed":
+            current.outcome = "missed"
+            current.remaining_s = e.get("remaining_s")
+
+
+def _new_save(request: Event, first_plan: Event | None) -> SaveReport:
+    """A save asked for; its plan as it stood when it fired (older logs: the last one logged)."""
+    save = SaveReport(kind=str(request.get("kind")), reason=str(request.get("reason")),
+                      outcome="not acknowledged", requested_at=request["timestamp"])
+    if request.get("reason") != "deadline":
+        return save
+    plan = request if "planned_at" in request else (first_plan or {})
+    if first_plan is not None:
+        save.first_planned_at = first_plan.get("signal_at")
+    save.planned_signal_at = plan.get("planned_at", plan.get("signal_at"))
+    if isinstance(save.planned_signal_at, str):
+        save.signal_late_s = round(epoch(request["timestamp"]) - epoch(save.planned_signal_at), 3)
+    save.step_estimate_s = plan.get("step_estimate_s")
+    save.save_estimate_s = plan.get("save_estimate_s")
+    return save
+
+
+def _steps(report: RunReport, events: Sequence[Event]) -> None:
+    durations = [float(e["duration_s"]) for e in events
+                 if e["event"] == "step_observed" and isinstance(e.get("duration_s"), (int, float))]
+    steps: dict[str, Any] = {}
+    if durations:  # only with --log-level debug
+        ordered = sorted(durations)
+        steps.update(observed=len(durations), mean_s=round(sum(durations) / len(durations), 3),
+                     p99_s=round(ordered[max(0, math.ceil(0.99 * len(ordered)) - 1)], 3),
+                     max_s=round(ordered[-1], 3))
+    estimates = [e.get("step_estimate_s") for e in events if e["event"] == "save_scheduled"]
+    if estimates:
+        steps["last_estimate_s"] = estimates[-1]
+    pace = _pace_between_saves(report.saves)
+    if pace is not None:
+        steps["pace_between_saves_s"] = pace
+    report.steps = steps
+
+
+def _pace_between_saves(saves: Sequence[SaveReport]) -> float | None:
+    """Seconds per step from the first to the last completed save, without the saves' own time."""
+    done = [(s.step, s.started_at, s.completed_at, s.duration_s or 0.0) for s in saves
+            if s.outcome == "completed" and isinstance(s.step, int) and s.started_at and s.completed_at]
+    if len(done) < 2 or done[-1][0] <= done[0][0]:
+        return None
+    (first_step, _, first_end, _), (last_step, last_start, _, _) = done[0], done[-1]
+    span = epoch(last_start) - epoch(first_end) - sum(d[3] for d in done[1:-1])
+    return round(span / (last_step - first_step), 3)
+
+
+def _ending(report: RunReport, events: Sequence[Event]) -> None:
+    for e in events:
+        name = e["event"]
+        if name == "child_stopping" and report.stop is None:
+            report.stop = {"at": e["timestamp"], "signal": e.get("signal"), "reason": e.get("reason"),
+                           "grace_s": e.get("grace_s")}
+        elif name == "child_killed" and report.stop is not None:
+            report.stop["killed"] = e.get("pids")
+        elif name == "child_exited":
+            report.child_exit = {"at": e["timestamp"], "code": e.get("code"), "signal": e.get("signal")}
+        elif name == "supervisor_exit":
+            report.exit_code, report.exit_reason = e.get("code"), e.get("reason")
+            report.exit_meaning = exit_meaning(report.exit_code)
+
+
+def exit_meaning(code: Any) -> str | None:
+    if not isinstance(code, int):
+        return None
+    if code in EXIT_MEANINGS:
+        return EXIT_MEANINGS[code]
+    if code > 128:
+        try:
+            return f"the command was killed by {signal.Signals(code - 128).name}"
+        except ValueError:
+            pass
+    return "the command's own exit code"
+
+
+def _work_at_risk(report: RunReport, events: Sequence[Event], start: float, end: float) -> dict[str, Any]:
+    """Training time after the last completed checkpoint, up to where the run's work ended."""
+    saved = [e for e in events if e["event"] == "save_completed"]
+    deadline = _final_deadline(report)
+    if report.complete:
+        until, until_what = end, "the end of the run"
+    elif deadline is not None and deadline > end:
+        until, until_what = deadline, "the deadline (the log stops before it)"
+    else:
+        until, until_what = end, "the last line of the log (it stops without supervisor_exit)"
+    if deadline is not None and deadline < until:
+        until, until_what = deadline, "the deadline"
+    risk: dict[str, Any] = {"until": _iso(until), "until_what": until_what}
+    if saved:
+        last = saved[-1]
+        since = epoch(last["timestamp"])
+        risk.update(since=last["timestamp"], since_what=f"checkpoint of step {last.get('step')}")
+    else:
+        since = start
+        risk.update(since=_iso(start), since_what="the start of the run, no checkpoint in it")
+    risk["seconds"] = round(max(0.0, until - since), 3)
+    if report.child_exit and report.child_exit.get("code") == 0 and report.stop is None:
+        risk["note"] = "the command finished by itself; what it wrote at the end is not counted"
+    return risk
+
+
+def _final_deadline(report: RunReport) -> float | None:
+    if report.deadline_changes:
+        value = report.deadline_changes[-1].get("new")
+    elif report.deadline is not None:
+        value = report.deadline.get("at")
+    else:
+        return None
+    return epoch(value) if isinstance(value, str) else None
+
+
+def _seconds_between(old: Any, new: Any) -> float | None:
+    if isinstance(old, str) and isinstance(new, str):
+        return round(epoch(new) - epoch(old), 3)
+    return None
+
+
+def _brief(event: Event, start: float) -> dict[str, Any]:
+    fields = {k: v for k, v in event.items() if k not in _HEAD_KEYS}
+    return {"at": event["timestamp"], "after_start_s": round(epoch(event["timestamp"]) - start, 3),
+            "level": event.get("level"), "event": event["event"], "fields": fields}
+
+
+def _iso(epoch_s: float) -> str:
+    text = datetime.fromtimestamp(epoch_s, tz=timezone.utc).isoformat(timespec="milliseconds")
+    return text.replace("+00:00", "Z")
+
+
+def report(lines: Iterable[str], *, last_only: bool = False) -> tuple[list[RunReport], int]:
+    """Every run in the lines (or the last one), and how many lines were skipped."""
+    found = read_events(lines)
+    runs = [summarize(run) for run in split_runs(found.events)]
+    return (runs[-1:] if last_only else runs), found.skipped
+
+
+# ---------------------------------------------------------------------- rendering
+def to_json(runs: Sequence[RunReport], skipped: int) -> str:
+    return json.dumps({"runs": [asdict(r) for r in runs], "skipped_lines": skipped}, indent=2)
+
+
+def render_text(runs: Sequence[RunReport], skipped: int) -> str:
+    blocks = [_render_run(run) for run in runs]
+    tail = f"({_plural(len(runs), 'run')}; {_plural(skipped, 'other line')} skipped)"
+    return "\n\n".join([*blocks, tail]) + "\n"
+
+
+def _render_run(run: RunReport) -> str:
+    exit_text = (f"exit {run.exit_code} ({run.exit_meaning})" if run.exit_code is not None
+                 else "no supervisor_exit: the log stops here (instance gone?)")
+    out = [f"run {run.run_id}  {run.started_at} -> {_clock(run.ended_at)} ({run.duration_s:g}s), {exit_text}"]
+    if run.command:
+        out.append(_row("command", " ".join(run.command)))
+    out += _render_deadline(run)
+    out += _render_saves(run)
+    out += _render_steps(run)
+    out += _render_stop(run)
+    risk = run.work_at_risk
+    out.append(_row("at risk", f"{risk['seconds']:g}s of training: from {_clock(risk['since'])} "
+                    f"({risk['since_what']}) to {_clock(risk['until'])} ({risk['until_what']})"))
+    if "note" in risk:
+        out.append(_row("", risk["note"]))
+    for warning in run.warnings:
+        text = f"{_clock(warning['at'])} {warning['event']} {_fields(warning['fields'])}"
+        out.append(_row("warning", text))
+    out.append("  timeline")
+    for item in run.timeline:
+        out.append(f"    {item['after_start_s']:>9.3f}s  {_clock(item['at'])}  {item['event']:<20} "
+                   f"{_fields(item['fields'])}".rstrip())
+    return "\n".join(out)
+
+
+def _render_deadline(run: RunReport) -> list[str]:
+    if run.deadline is None:
+        reasons = "; ".join(f"{u['source']}: {u['reason']}" for u in run.deadline_unavailable)
+        return [_row("deadline", "none known" + (f" ({reasons})" if reasons else ""))]
+    d = run.deadline
+    rows = [_row("deadline", f"{d['at']} from {d['source']} (known {d['after_start_s']:g}s after start, "
+                 f"{_num(d['remaining_s'])}s ahead)")]
+    for change in run.deadline_changes:
+        rows.append(_row("", f"{_clock(change['logged_at'])} changed to {change['new']} from "
+                         f"{change['source']} ({_signed(change['moved_s'])}s)"))
+    return rows
+
+
+def _render_saves(run: RunReport) -> list[str]:
+    if not run.saves and not run.trainer_saves:
+        return [_row("saves", "none")]
+    rows: list[str] = []
+    for s in run.saves:
+        head = f"{s.kind} ({s.reason}) {s.outcome}"
+        if s.outcome == "completed":
+            head += f", step {s.step}"
+            if s.remaining_s is not None:
+                head += f", {_num(s.remaining_s)}s before the deadline"
+        elif s.step is not None:
+            head += f" (the trainer began writing step {s.step})"
+        rows.append(_row("save", head))
+        signal = f"sent {_clock(s.requested_at)}"
+        if s.planned_signal_at:
+            signal = f"planned {_clock(s.planned_signal_at)}, {signal} ({_signed(s.signal_late_s)}s)"
+            if s.first_planned_at and s.first_planned_at != s.planned_signal_at:
+                signal += f"; first plan {_clock(s.first_planned_at)}"
+        rows.append(_row("", f"  signal  {signal}"))
+        if s.boundary_wait_s is not None:
+            rows.append(_row("", f"  step    boundary {s.boundary_wait_s:g}s after the signal "
+                             f"(step estimate {_num(s.step_estimate_s)}s)"))
+        if s.duration_s is not None:
+            rows.append(_row("", f"  write   {s.duration_s:g}s (save estimate {_num(s.save_estimate_s)}s), "
+                             f"done {_clock(s.completed_at or '')}"))
+    for t in run.trainer_saves:
+        rows.append(_row("save", f"trainer's own, step {t['step']}, {_num(t['duration_s'])}s, "
+                         f"done {_clock(t['at'])}"))
+    return rows
+
+
+def _render_steps(run: RunReport) -> list[str]:
+    st = run.steps
+    parts = []
+    if "observed" in st:
+        parts.append(f"{st['observed']} observed: mean {st['mean_s']:g}s, p99 {st['p99_s']:g}s, "
+                     f"max {st['max_s']:g}s")
+    if "pace_between_saves_s" in st:
+        parts.append(f"{st['pace_between_saves_s']:g}s/step between saves")
+    if "last_estimate_s" in st:
+        parts.append(f"last estimate {_num(st['last_estimate_s'])}s")
+    return [_row("steps", "; ".join(parts))] if parts else []
+
+
+def _render_stop(run: RunReport) -> list[str]:
+    rows = []
+    if run.stop is not None:
+        killed = f", SIGKILL to {run.stop['killed']}" if run.stop.get("killed") else ""
+        rows.append(_row("stop", f"{_clock(run.stop['at'])} {run.stop['signal']} to the command "
+                         f"({run.stop['reason']}){killed}"))
+    if run.child_exit is not None:
+        how = (f"code {run.child_exit['code']}" if run.child_exit.get("signal") is None
+               else f"killed by {run.child_exit['signal']}")
+        rows.append(_row("child" if rows else "stop", f"{_clock(run.child_exit['at'])} exited, {how}"))
+    if run.exit_code is not None:
+        rows.append(_row("exit", f"{run.exit_code}: {run.exit_meaning} ({run.exit_reason})"))
+    return rows
+
+
+def _plural(count: int, noun: str) -> str:
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
+def _row(label: str, text: str) -> str:
+    return f"  {label:<9} {text}"
+
+
+def _clock(timestamp: str) -> str:
+    """The time of day of an ISO timestamp (the date is in the run's first line)."""
+    return timestamp.split("T", 1)[-1] if "T" in timestamp else timestamp
+
+
+def _num(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, (int, float)) else "?"
+
+
+def _signed(value: Any) -> str:
+    return f"{value:+g}" if isinstance(value, (int, float)) else "?"
+
+
+def _fields(fields: dict[str, Any]) -> str:
+    return " ".join(f"{k}={_short(v)}" for k, v in fields.items() if v is not None)
+
+
+def _short(value: Any) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
+    text = text.replace("\n", " ")
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def open_log(path: str) -> Iterable[str]:
+    """Lines of a file, or of stdin for '-'; undecodable bytes are replaced, not fatal."""
+    if path == "-":
+        return iter(sys.stdin.buffer.read().decode("utf-8", "replace").splitlines())
+    with open(os.path.expanduser(path), "rb") as handle:
+        return iter(handle.read().decode("utf-8", "replace").splitlines())

@@ -1,0 +1,38 @@
+"""Which lines `esiwrap report` takes: esiwrap events wherever the journal put them, nothing else."""
+
+from __future__ import annotations
+
+import json
+
+from esiwrap.report import event_of, read_events, split_runs
+
+EVENT = {"timestamp": "2026-11-30T02:00:00.000Z", "level": "info", "event": "child_started",
+         "run_id": "abc123", "pid": 7}
+LINE = json.dumps(EVENT)
+
+
+def test_event_found_behind_journal_prefixes() -> None:
+    """Bare JSON, a `<6>` priority prefix, `journalctl` short output and `-o json` all work."""
+    short = f"Nov 30 02:00:00 host esiwrap[7]: {LINE}"
+    as_json = json.dumps({"MESSAGE": LINE, "_PID": "7", "ESIWRAP_JOB": "llama"})
+    for line in (LINE, f"<6>{LINE}", short, as_json, LINE + " trailing"):
+        assert event_of(line) == EVENT, line
+
+
+def test_other_lines_are_skipped_and_counted() -> None:
+    """Trainer output, JSON that is not an esiwrap event, a cut-off line, a bad timestamp."""
+    others = ["tiny_trainer: saved step 3", '{"loss": 0.1}', LINE[:40], "[1, 2]",
+              json.dumps({**EVENT, "timestamp": "yesterday"}), json.dumps({**EVENT, "run_id": 5})]
+    found = read_events([*others, "", LINE])
+    assert found.events == [EVENT] and found.skipped == len(others)
+
+
+def test_runs_are_split_by_run_id_in_start_order() -> None:
+    """Interleaved runs come apart; each run's events, and the runs, are put in time order."""
+    later = {**EVENT, "run_id": "def456", "timestamp": "2026-11-30T01:59:00.000Z"}
+    late_line = {**EVENT, "event": "supervisor_exit", "timestamp": "2026-11-30T02:00:05.000Z"}
+    early_line = {**EVENT, "event": "deadline_resolved", "timestamp": "2026-11-30T01:59:59.000Z"}
+    runs = split_runs([EVENT, later, late_line, early_line])
+    assert [[e["event"] for e in run] for run in runs] == [
+        ["child_started"], ["deadline_resolved", "child_started", "supervisor_exit"]]
+    assert runs[0][0]["run_id"] == "def456"
