@@ -1,0 +1,121 @@
+"""Hugging Face `Trainer`: one callback turns esiwrap's save signal into a Trainer checkpoint.
+
+    from esiwrap.integrations.transformers import EsiwrapCallback
+    trainer = Trainer(model, args, train_dataset=ds, callbacks=[EsiwrapCallback()])
+    trainer.train(resume_from_checkpoint=get_last_checkpoint(args.output_dir))
+
+At every step end it reports the boundary; when a save was requested (on any rank: the flag is
+all-reduced) it sets `control.should_save`, so the Trainer writes its usual
+`checkpoint-<step>` directory, and acknowledges in `on_save` once `trainer_state.json` (written
+last) is there. Only processes where `args.should_save` is true take part in the
+acknowledgement (rank 0, or each node's first rank with `save_on_each_node`).
+
+Under esiwrap, SIGTERM ends the run gracefully: it sets `control.should_training_stop` at the
+next step end, every rank agreeing, and `train()` returns (`callback.stopped_by_esiwrap` is then
+true: skip what follows a finished training). esiwrap sends SIGTERM once the last checkpoint is
+acknowledged, so the stop itself saves nothing; a SIGTERM from the platform goes to esiwrap,
+which turns it into a save request first. Transformers' own just-in-time
+checkpointing (`TrainingArguments(enable_jit_checkpoint=True)`: SIGTERM, wait 3 s, save) would
+write that checkpoint a second time; under esiwrap this callback takes SIGTERM over from it (and
+gives it back when training ends), since esiwrap's `--on-sigterm checkpoint` already turns a
+SIGTERM into one save at the next step boundary, within a budget it measures.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from types import FrameType
+from typing import Any
+
+from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+
+import esiwrap.trainer as esi
+from esiwrap.channel import SOCKET_ENV
+
+__all__ = ["EsiwrapCallback"]
+
+TRAINER_STATE_NAME = "trainer_state.json"  # the Trainer writes it last in a checkpoint directory
+_log = logging.getLogger(__name__)
+
+
+class EsiwrapCallback(TrainerCallback):
+    """Checkpoint at the step esiwrap asks for; stop gracefully on SIGTERM under esiwrap."""
+
+    def __init__(self, *, graceful_stop: bool = True) -> None:
+        self.graceful_stop = graceful_stop
+        self.stop_requested = False  # set by the SIGTERM handler, nothing else happens there
+        self.stopped_by_esiwrap = False  # train() returned because esiwrap stopped the run
+        self._pending_step: int | None = None
+        self._previous_sigterm: Any = None
+        self._took_sigterm = False
+
+    # ------------------------------------------------------------------ hooks
+    def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                       **kwargs: Any) -> None:
+        esi.install(saves=bool(args.should_save), integration="transformers")
+        self.stop_requested = self.stopped_by_esiwrap = False
+        if self.graceful_stop and os.environ.get(SOCKET_ENV):
+            self._take_sigterm()
+
+    def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                    **kwargs: Any) -> None:
+        step = state.global_step
+        esi.step_done(step)
+        save = esi.save_requested()
+        stop = self._took_sigterm and esi.any_rank(self.stop_requested)
+        if stop:
+            control.should_training_stop = True
+            self.stopped_by_esiwrap = True
+        if save and self._pending_step is None:
+            control.should_save = True
+            self._pending_step = step
+            esi.save_started(step)
+
+    def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                **kwargs: Any) -> None:
+        step = self._pending_step
+        if step is None:
+            return  # the Trainer's own periodic save: esiwrap learns nothing it needs
+        self._pending_step = None
+        path = _checkpoint_dir(args, step)
+        if args.should_save and not os.path.isfile(os.path.join(path, TRAINER_STATE_NAME)):
+            esi.save_finished(step, path, error=f"{path}/{TRAINER_STATE_NAME} is missing")
+            return
+        esi.save_finished(step, path)
+
+    def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                     **kwargs: Any) -> None:
+        self._give_back_sigterm()
+        esi.uninstall()
+
+    # ------------------------------------------------------------------ SIGTERM
+    def _take_sigterm(self) -> None:
+        previous = signal.getsignal(signal.SIGTERM)
+        if _is_jit_checkpoint_handler(previous):
+            _log.warning("esiwrap: transformers' enable_jit_checkpoint is off while esiwrap supervises; "
+                         "esiwrap's --on-sigterm checkpoint saves once at the next step instead")
+        self._previous_sigterm = previous
+        signal.signal(signal.SIGTERM, self._on_sigterm)
+        self._took_sigterm = True
+
+    def _give_back_sigterm(self) -> None:
+        if self._took_sigterm:
+            previous = self._previous_sigterm
+            signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+            self._took_sigterm = False
+
+    def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
+        self.stop_requested = True
+
+
+def _checkpoint_dir(args: TrainingArguments, step: int) -> str:
+    from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+    return os.path.join(str(args.output_dir), f"{PREFIX_CHECKPOINT_DIR}-{step}")
+
+
+def _is_jit_checkpoint_handler(handler: Any) -> bool:
+    owner = getattr(handler, "__self__", None)
+    return owner is not None and type(owner).__name__ == "CheckpointManager"
