@@ -104,3 +104,38 @@ def test_torchrun_ranks_save_the_same_step_and_nothing_is_left(esiwrap, tmp_path
     stdout = run.stdout.decode()
     assert f"rank 0: saved step {step}" in stdout and f"rank 1: saved step {step}" in stdout
     assert wait_until(lambda: not processes_with_marker(str(ckpt_dir)), timeout=10)
+
+
+def test_rank0_only_save_is_acknowledged_by_rank0_alone(esiwrap, tmp_path: Path) -> None:
+    """Ranks that declare `saves=False` are signalled but not waited for: the save is acknowledged
+    when rank 0 reports it; the launcher (which never said hello) and the ranks are then stopped
+    and nothing is left (torch-free ranks, so this runs in seconds)."""
+    ckpt_dir = tmp_path / "rank0-only-marker"
+    run = esiwrap(
+        "--deadline", "+12s", "--redundant-time", "6", "--save-duration", "1", "--no-final-save",
+        "--", PYTHON, str(Path(__file__).parent / "ranks_launcher.py"), "--ranks", "2",
+        "--savers", "rank0", "--ckpt-dir", str(ckpt_dir),
+    )
+    saved = the_save(run)
+    ranks = {e["rank"]: e for e in run.events if e["event"] == "trainer_attached"}
+    assert ranks[0]["saves"] is True and ranks[1]["saves"] is False
+    assert sorted(run.first("save_requested")["pids"]) == sorted(e["pid"] for e in ranks.values())
+    assert (ckpt_dir / "rank0.txt").read_text() == str(saved["step"])
+    assert not (ckpt_dir / "rank1.txt").exists()
+    assert wait_until(lambda: not processes_with_marker(str(ckpt_dir)), timeout=10)
+
+
+def test_frameworks_are_imported_only_by_their_integration() -> None:
+    """`esiwrap --help`, the trainer library and the integrations package import no framework
+    (nor torch): a framework is imported only by the integration module a script imports."""
+    probe = (
+        "import runpy, sys\n"
+        "sys.argv = ['esiwrap', '--help']\n"
+        "try:\n    runpy.run_module('esiwrap', run_name='__main__')\n"
+        "except SystemExit:\n    pass\n"
+        "import esiwrap.integrations, esiwrap.trainer\n"
+        "heavy = ('torch', 'transformers', 'lightning', 'pytorch_lightning')\n"
+        "print('imported', sorted(m for m in heavy if m in sys.modules))\n"
+    )
+    done = subprocess.run([PYTHON, "-c", probe], capture_output=True, text=True, timeout=120, check=True)
+    assert "imported []" in done.stdout, done.stdout
