@@ -65,6 +65,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--output-dir", default="hf-run")
     parser.add_argument("--max-steps", type=int, default=100_000)
     parser.add_argument("--step-seconds", type=float, default=0.5)
+    parser.add_argument("--jit-checkpoint", action="store_true",
+                        help="also turn on transformers' SIGTERM checkpointing (esiwrap takes it over)")
     return parser.parse_args(argv)
 
 
@@ -78,6 +80,7 @@ def main(argv: list[str]) -> int:
         output_dir=options.output_dir, max_steps=options.max_steps, per_device_train_batch_size=8,
         learning_rate=1e-3, save_strategy="no", logging_strategy="no", report_to="none",
         use_cpu=True, disable_tqdm=True, dataloader_num_workers=0, seed=0,
+        enable_jit_checkpoint=options.jit_checkpoint,
     )
     pace, esiwrap_callback = Pace(options.step_seconds), EsiwrapCallback()  # esiwrap
     trainer = Trainer(

@@ -41,16 +41,20 @@ def the_save(run: EsiwrapRun) -> dict[str, object]:
 
 def test_hf_trainer_checkpoints_at_the_deadline_and_resumes(esiwrap, tmp_path: Path) -> None:
     """HF Trainer + EsiwrapCallback: esiwrap's signal becomes a `checkpoint-<step>` directory,
-    acknowledged once complete; SIGTERM then stops training gracefully (exit 75); a run without
-    esiwrap resumes from that checkpoint at the next step."""
+    acknowledged once complete; SIGTERM then stops training gracefully (exit 75), and with
+    transformers' own SIGTERM checkpointing on, that stop writes no second checkpoint; a run
+    without esiwrap resumes from the checkpoint at the next step."""
     out = tmp_path / "hf-run"
     script = str(EXAMPLES / "hf_trainer.py")
-    run = esiwrap(*NEAR_DEADLINE, "--", PYTHON, script, "--output-dir", str(out), "--step-seconds", "0.3")
+    run = esiwrap(*NEAR_DEADLINE, "--", PYTHON, script, "--output-dir", str(out), "--step-seconds", "0.3",
+                  "--jit-checkpoint")
     saved = the_save(run)
     step = int(saved["step"])  # type: ignore[call-overload]
     checkpoint = out / f"checkpoint-{step}"
     assert saved["path"] == str(checkpoint)
     assert (checkpoint / "trainer_state.json").is_file()
+    assert [p.name for p in out.iterdir()] == [checkpoint.name]  # one save, not one more on SIGTERM
+    assert any("enable_jit_checkpoint is off while esiwrap supervises" in line for line in run.other_lines)
     assert run.first("trainer_attached")["integration"] == "transformers"
     # the stop: SIGTERM during the next step, should_training_stop at its end
     assert f"trained steps 1..{step + 1} by esiwrap" in run.stdout.decode()

@@ -7,8 +7,9 @@
 At every step end it reports the boundary; when a save was requested (on any rank: the flag is
 all-reduced) it sets `control.should_save`, so the Trainer writes its usual
 `checkpoint-<step>` directory, and acknowledges in `on_save` once `trainer_state.json` (written
-last) is there. Only processes where `args.should_save` is true take part in the
-acknowledgement (rank 0, or each node's first rank with `save_on_each_node`).
+last) is there. The Trainer's own periodic saves are reported the same way (esiwrap learns how
+long a save takes, and that the step is saved). Only processes where `args.should_save` is true
+take part in the acknowledgement (rank 0, or each node's first rank with `save_on_each_node`).
 
 Under esiwrap, SIGTERM ends the run gracefully: it sets `control.should_training_stop` at the
 next step end, every rank agreeing, and `train()` returns (`callback.stopped_by_esiwrap` is then
@@ -62,14 +63,16 @@ class EsiwrapCallback(TrainerCallback):
     def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                     **kwargs: Any) -> None:
         step = state.global_step
+        if self._pending_step is not None:  # e.g. save_strategy="best" took the save back
+            esi.save_finished(self._pending_step, error="the Trainer did not save at that step")
+            self._pending_step = None
         esi.step_done(step)
-        save = esi.save_requested()
-        stop = self._took_sigterm and esi.any_rank(self.stop_requested)
-        if stop:
+        requested = esi.save_requested()
+        if self._took_sigterm and esi.any_rank(self.stop_requested):
             control.should_training_stop = True
             self.stopped_by_esiwrap = True
-        if save and self._pending_step is None:
-            control.should_save = True
+        if requested or control.should_save:  # the Trainer's own saves count too: esiwrap learns
+            control.should_save = True        # their duration and that the step is saved
             self._pending_step = step
             esi.save_started(step)
 
@@ -77,7 +80,7 @@ class EsiwrapCallback(TrainerCallback):
                 **kwargs: Any) -> None:
         step = self._pending_step
         if step is None:
-            return  # the Trainer's own periodic save: esiwrap learns nothing it needs
+            return  # a save outside a step end (e.g. at an epoch end): not ours to report
         self._pending_step = None
         path = _checkpoint_dir(args, step)
         if args.should_save and not os.path.isfile(os.path.join(path, TRAINER_STATE_NAME)):
