@@ -54,6 +54,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--ckpt-dir", default="lightning-run")
     parser.add_argument("--max-steps", type=int, default=100_000)
     parser.add_argument("--step-seconds", type=float, default=0.5)
+    parser.add_argument("--devices", type=int, default=1, help="ranks: under torchrun, its --nproc_per_node")
     return parser.parse_args(argv)
 
 
@@ -63,7 +64,7 @@ def main(argv: list[str]) -> int:
     pl.seed_everything(0, verbose=False)
     esiwrap_callback = EsiwrapCallback(dirpath=options.ckpt_dir)  # esiwrap
     trainer = pl.Trainer(
-        accelerator="cpu", devices=1, max_steps=options.max_steps, logger=False,
+        accelerator="cpu", devices=options.devices, max_steps=options.max_steps, logger=False,
         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
         callbacks=[esiwrap_callback],  # esiwrap
     )
@@ -73,7 +74,8 @@ def main(argv: list[str]) -> int:
           flush=True)
     model = TinyRegressor(options.step_seconds)
     trainer.fit(model, loader, ckpt_path=resume)  # esiwrap
-    print(f"lightning_trainer: trained steps {model.first_step}..{trainer.global_step}", flush=True)
+    print(f"lightning_trainer rank {trainer.global_rank}: "
+          f"trained steps {model.first_step}..{trainer.global_step}", flush=True)
     return 0
 
 

@@ -42,7 +42,11 @@ _log = logging.getLogger(__name__)
 
 
 class EsiwrapCallback(TrainerCallback):
-    """Checkpoint at the step esiwrap asks for; stop gracefully on SIGTERM under esiwrap."""
+    """Checkpoint at the step esiwrap asks for; stop gracefully on SIGTERM under esiwrap.
+
+    `graceful_stop=False` leaves SIGTERM alone (the process then dies on esiwrap's stop, which
+    loses nothing: the checkpoint is already complete).
+    """
 
     def __init__(self, *, graceful_stop: bool = True) -> None:
         self.graceful_stop = graceful_stop
