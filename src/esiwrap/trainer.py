@@ -53,6 +53,7 @@ class _State:
         self.client = ChannelClient(None)
         self.last_boundary = time.monotonic()
         self.save_started_at: float | None = None
+        self.saves = True  # False: this process takes no part in saves, so it reports none
 
 
 _state = _State()
@@ -77,9 +78,10 @@ def install(
 
     `signum` defaults to what esiwrap exported (`ESIWRAP_SIGNAL`), else SIGUSR1. `saves=False`
     tells the supervisor this process takes no part in checkpoints (the other ranks of a
-    rank-0-only save). `stop_signal` asks esiwrap to stop this process with another signal than
-    its `--stop-signal` (e.g. "SIGINT" for a Ray driver). A previous handler is chained, and
-    restored by `uninstall()`.
+    rank-0-only save): it is still signalled, and its `saving()` only clears the request, so the
+    save is acknowledged by the ranks that write. `stop_signal` asks esiwrap to stop this process
+    with another signal than its `--stop-signal` (e.g. "SIGINT" for a Ray driver). A previous
+    handler is chained, and restored by `uninstall()`.
     """
     if threading.current_thread() is not threading.main_thread():
         msg = "esiwrap.trainer.install() must be called from the main thread"
@@ -92,6 +94,7 @@ def install(
     _state.signum = chosen
     _state.client = ChannelClient.from_env()
     _state.last_boundary = time.monotonic()
+    _state.saves = saves
     rank, world_size = _rank_and_world()
     fields: dict[str, Any] = {"rank": rank, "world_size": world_size, "saves": saves}
     fields.update(integration=integration, signal=True, **hello)
@@ -170,7 +173,8 @@ def save_started(step: int) -> None:
     """Report that a checkpoint write begins (for callbacks, where a `with` block cannot span
     the hooks that start and end the write; `saving()` is this pair around a block)."""
     _state.save_started_at = time.monotonic()
-    _state.client.send("save_begin", step=int(step))
+    if _state.saves:
+        _state.client.send("save_begin", step=int(step))
 
 
 def save_finished(step: int, path: str | os.PathLike[str] | None = None, *,
@@ -187,7 +191,8 @@ def save_finished(step: int, path: str | os.PathLike[str] | None = None, *,
         fields["error"] = error[:500]
     else:
         clear()
-    _state.client.send("save_end", **fields)
+    if _state.saves:  # a rank that declared saves=False only clears its request
+        _state.client.send("save_end", **fields)
 
 
 def any_rank(flag: bool) -> bool:
