@@ -9,7 +9,6 @@ synthetic. The lines marked `# esiwrap` are all the integration needs.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from typing import Any
@@ -22,9 +21,8 @@ from transformers import (
     TrainerCallback,
     TrainingArguments,
 )
-from transformers.trainer_utils import get_last_checkpoint
 
-from esiwrap.integrations.transformers import EsiwrapCallback  # esiwrap
+from esiwrap.integrations.transformers import EsiwrapCallback, last_checkpoint  # esiwrap
 
 VOCAB, LENGTH = 64, 16
 
@@ -87,7 +85,7 @@ def main(argv: list[str]) -> int:
         model=GPT2LMHeadModel(config), args=args, train_dataset=SyntheticText(100_000),
         callbacks=[pace, esiwrap_callback],  # esiwrap
     )
-    last = get_last_checkpoint(options.output_dir) if os.path.isdir(options.output_dir) else None
+    last = last_checkpoint(options.output_dir)  # esiwrap
     print(f"hf_trainer: resuming from {last}" if last else "hf_trainer: starting fresh", flush=True)
     trainer.train(resume_from_checkpoint=last)
     print(f"hf_trainer: trained steps {pace.first_step}..{trainer.state.global_step}"

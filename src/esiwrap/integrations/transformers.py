@@ -1,8 +1,8 @@
 """Hugging Face `Trainer`: one callback turns esiwrap's save signal into a Trainer checkpoint.
 
-    from esiwrap.integrations.transformers import EsiwrapCallback
+    from esiwrap.integrations.transformers import EsiwrapCallback, last_checkpoint
     trainer = Trainer(model, args, train_dataset=ds, callbacks=[EsiwrapCallback()])
-    trainer.train(resume_from_checkpoint=get_last_checkpoint(args.output_dir))
+    trainer.train(resume_from_checkpoint=last_checkpoint(args.output_dir))
 
 At every step end it reports the boundary; when a save was requested (on any rank: the flag is
 all-reduced) it sets `control.should_save`, so the Trainer writes its usual
@@ -35,7 +35,7 @@ from transformers import TrainerCallback, TrainerControl, TrainerState, Training
 import esiwrap.trainer as esi
 from esiwrap.channel import SOCKET_ENV
 
-__all__ = ["EsiwrapCallback"]
+__all__ = ["EsiwrapCallback", "last_checkpoint"]
 
 TRAINER_STATE_NAME = "trainer_state.json"  # the Trainer writes it last in a checkpoint directory
 _log = logging.getLogger(__name__)
@@ -115,6 +115,17 @@ class EsiwrapCallback(TrainerCallback):
 
     def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
         self.stop_requested = True
+
+
+def last_checkpoint(output_dir: str | os.PathLike[str]) -> str | None:
+    """The newest `checkpoint-<step>` in `output_dir` to resume from, or None (also when the
+    directory does not exist yet, where transformers' `get_last_checkpoint` raises)."""
+    from transformers.trainer_utils import get_last_checkpoint
+
+    if not os.path.isdir(output_dir):
+        return None
+    found: str | None = get_last_checkpoint(os.fspath(output_dir))  # type: ignore[no-untyped-call]
+    return found
 
 
 def _checkpoint_dir(args: TrainingArguments, step: int) -> str:
