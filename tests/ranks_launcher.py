@@ -4,7 +4,7 @@ waits; each rank registers with `install(saves=...)` and saves when asked.
     python ranks_launcher.py --ranks 2 --savers rank0 --ckpt-dir DIR
 
 Like torchrun's agent, the launcher itself never says hello. `--savers rank0`: only rank 0 writes
-and acknowledges; the others declare `saves=False`, so their `saving()` only clears the request.
+and acknowledges, the others declare `saves=False` and just clear the request.
 """
 
 from __future__ import annotations
@@ -27,9 +27,11 @@ def rank_main(rank: int, savers: str, ckpt_dir: Path, step_seconds: float) -> in
         esi.step_done(step)
         if not esi.save_requested():
             continue
-        with esi.saving(step, ckpt_dir / f"rank{rank}.txt"):  # reports nothing where saves=False
-            if writes:
+        if writes:
+            with esi.saving(step, ckpt_dir / f"rank{rank}.txt"):
                 (ckpt_dir / f"rank{rank}.txt").write_text(str(step))
+        else:
+            esi.clear()
         print(f"rank {rank}: save handled at step {step}", flush=True)
     return 0
 

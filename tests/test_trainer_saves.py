@@ -19,17 +19,6 @@ def server(monkeypatch: pytest.MonkeyPatch) -> Iterator[ChannelServer]:
     channel.close()
 
 
-def test_a_rank_that_takes_no_part_in_saves_reports_none_but_clears(server: ChannelServer) -> None:
-    """`install(saves=False)` (a rank of a rank-0-only checkpoint): `saving()` sends nothing the
-    supervisor would count, and still clears the request so the rank does not save again."""
-    esi.install(saves=False)
-    esi.request_save()
-    with esi.saving(3, "/ckpt"):
-        pass
-    assert not esi.save_requested()
-    assert [(m.type, m.get_bool("saves", True)) for m in server.receive()] == [("hello", False)]
-
-
 def test_split_save_reports_begin_and_end_and_a_failure_keeps_the_request(server: ChannelServer) -> None:
     """`save_started`/`save_finished` (a save spanning two framework hooks) report like `saving()`;
     a failed one is reported with its error and leaves the request set for the next boundary."""

@@ -53,7 +53,6 @@ class _State:
         self.client = ChannelClient(None)
         self.last_boundary = time.monotonic()
         self.save_started_at: float | None = None
-        self.saves = True  # False: this process takes no part in saves, so it reports none
 
 
 _state = _State()
@@ -78,10 +77,11 @@ def install(
 
     `signum` defaults to what esiwrap exported (`ESIWRAP_SIGNAL`), else SIGUSR1. `saves=False`
     tells the supervisor this process takes no part in checkpoints (the other ranks of a
-    rank-0-only save): it is still signalled, and its `saving()` only clears the request, so the
-    save is acknowledged by the ranks that write. `stop_signal` asks esiwrap to stop this process
-    with another signal than its `--stop-signal` (e.g. "SIGINT" for a Ray driver). A previous
-    handler is chained, and restored by `uninstall()`.
+    rank-0-only save): it is still signalled, but esiwrap does not wait for its `saving()`
+    (unless no process it supervises saves: a node of a multi-node job without rank 0).
+    `stop_signal` asks esiwrap to stop this process with another signal than
+    its `--stop-signal` (e.g. "SIGINT" for a Ray driver). A previous handler is chained, and
+    restored by `uninstall()`.
     """
     if threading.current_thread() is not threading.main_thread():
         msg = "esiwrap.trainer.install() must be called from the main thread"
@@ -94,7 +94,6 @@ def install(
     _state.signum = chosen
     _state.client = ChannelClient.from_env()
     _state.last_boundary = time.monotonic()
-    _state.saves = saves
     rank, world_size = _rank_and_world()
     fields: dict[str, Any] = {"rank": rank, "world_size": world_size, "saves": saves}
     fields.update(integration=integration, signal=True, **hello)
@@ -173,8 +172,7 @@ def save_started(step: int) -> None:
     """Report that a checkpoint write begins (for callbacks, where a `with` block cannot span
     the hooks that start and end the write; `saving()` is this pair around a block)."""
     _state.save_started_at = time.monotonic()
-    if _state.saves:
-        _state.client.send("save_begin", step=int(step))
+    _state.client.send("save_begin", step=int(step))
 
 
 def save_finished(step: int, path: str | os.PathLike[str] | None = None, *,
@@ -191,8 +189,7 @@ def save_finished(step: int, path: str | os.PathLike[str] | None = None, *,
         fields["error"] = error[:500]
     else:
         clear()
-    if _state.saves:  # a rank that declared saves=False only clears its request
-        _state.client.send("save_end", **fields)
+    _state.client.send("save_end", **fields)
 
 
 def any_rank(flag: bool) -> bool:

@@ -75,8 +75,10 @@ class EsiwrapCallback(TrainerCallback):
         if self._took_sigterm and esi.any_rank(self.stop_requested):
             control.should_training_stop = True
             self.stopped_by_esiwrap = True
-        if requested or control.should_save:  # the Trainer's own saves count too: esiwrap learns
-            control.should_save = True        # their duration and that the step is saved
+        # The Trainer's own saves are reported too (by the saving processes): esiwrap learns how
+        # long a save takes and that the step is saved.
+        if requested or (control.should_save and args.should_save):
+            control.should_save = True
             self._pending_step = step
             esi.save_started(step)
 
