@@ -28,11 +28,15 @@ from typing import Any
 from esiwrap.channel import SIGNAL_ENV, ChannelClient
 
 __all__ = [
+    "any_rank",
     "clear",
     "install",
     "installed",
+    "installed_signal",
     "request_save",
+    "save_finished",
     "save_requested",
+    "save_started",
     "saving",
     "step_done",
     "uninstall",
@@ -48,6 +52,7 @@ class _State:
         self.previous: _Handler = None
         self.client = ChannelClient(None)
         self.last_boundary = time.monotonic()
+        self.save_started_at: float | None = None
 
 
 _state = _State()
@@ -72,7 +77,9 @@ def install(
 
     `signum` defaults to what esiwrap exported (`ESIWRAP_SIGNAL`), else SIGUSR1. `saves=False`
     tells the supervisor this process takes no part in checkpoints (the other ranks of a
-    rank-0-only save). `stop_signal` asks esiwrap to stop this process with another signal than
+    rank-0-only save): it is still signalled, but esiwrap does not wait for its `saving()`
+    (unless no process it supervises saves: a node of a multi-node job without rank 0).
+    `stop_signal` asks esiwrap to stop this process with another signal than
     its `--stop-signal` (e.g. "SIGINT" for a Ray driver). A previous handler is chained, and
     restored by `uninstall()`.
     """
@@ -108,6 +115,11 @@ def uninstall() -> None:
 
 def installed() -> bool:
     return _state.signum is not None
+
+
+def installed_signal() -> int | None:
+    """The save signal `install()` registered for, or None."""
+    return _state.signum
 
 
 def save_requested() -> bool:
@@ -147,19 +159,43 @@ def saving(step: int, path: str | os.PathLike[str] | None = None) -> Iterator[No
     acknowledgement that lets esiwrap stop the trainer. An exception is reported as a failed save
     (and re-raised); the request then stays set so the next boundary tries again.
     """
-    client = _state.client
-    client.send("save_begin", step=int(step))
-    started = time.monotonic()
-    where = os.fspath(path) if path is not None else None
+    save_started(step)
     try:
         yield
     except BaseException as exc:
-        client.send("save_end", step=int(step), ok=False, path=where,
-                    duration_s=round(time.monotonic() - started, 6), error=repr(exc)[:500])
+        save_finished(step, path, error=repr(exc))
         raise
-    clear()
-    client.send("save_end", step=int(step), ok=True, path=where,
-                duration_s=round(time.monotonic() - started, 6))
+    save_finished(step, path)
+
+
+def save_started(step: int) -> None:
+    """Report that a checkpoint write begins (for callbacks, where a `with` block cannot span
+    the hooks that start and end the write; `saving()` is this pair around a block)."""
+    _state.save_started_at = time.monotonic()
+    _state.client.send("save_begin", step=int(step))
+
+
+def save_finished(step: int, path: str | os.PathLike[str] | None = None, *,
+                  error: str | None = None) -> None:
+    """Report the end of the write begun by `save_started`: the acknowledgement when `error` is
+    None (the request is cleared), a failed save otherwise (the request stays set)."""
+    started = _state.save_started_at if _state.save_started_at is not None else time.monotonic()
+    _state.save_started_at = None
+    fields: dict[str, Any] = {
+        "step": int(step), "ok": error is None, "path": os.fspath(path) if path is not None else None,
+        "duration_s": round(time.monotonic() - started, 6),
+    }
+    if error is not None:
+        fields["error"] = error[:500]
+    else:
+        clear()
+    _state.client.send("save_end", **fields)
+
+
+def any_rank(flag: bool) -> bool:
+    """True on every rank when `flag` is true on any rank (an all-reduce MAX with more than one
+    torch.distributed rank; the flag itself otherwise). Call it in step on every rank."""
+    return _agree_across_ranks(flag)
 
 
 def _signal_from_env() -> int:
