@@ -1,0 +1,166 @@
+"""The zero-code bootstrap: a `sitecustomize` on the child's PYTHONPATH, inert outside esiwrap.
+
+Real interpreters are started with the bootstrap directory on PYTHONPATH; what they import and
+set is read back from them. No verl here (see test_verl.py): this is the machinery under it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from esiwrap.channel import ChannelServer
+from esiwrap.integrations import OUR_RAY_ENV_HOOK, bootstrap_dir
+from esiwrap.integrations.importhook import when_imported
+from esiwrap.supervisor import SupervisorConfig, child_environment
+
+HEAVY = ("verl", "ray", "torch", "psutil", "structlog", "esiwrap.channel", "esiwrap.integrations.verl")
+REPORT = (
+    "import json, os, sys; print(json.dumps({'modules': sorted(sys.modules), "
+    "'hook': os.environ.get('RAY_RUNTIME_ENV_HOOK'), "
+    "'chained': os.environ.get('ESIWRAP_CHAINED_RAY_RUNTIME_ENV_HOOK'), "
+    "'finders': [type(f).__name__ for f in sys.meta_path]}))"
+)
+
+
+def python(code: str, extra_path: str = "", **env: str) -> subprocess.CompletedProcess[str]:
+    full = {k: v for k, v in os.environ.items() if not k.startswith(("ESIWRAP_", "RAY_RUNTIME_ENV"))}
+    full["PYTHONPATH"] = os.pathsep.join(p for p in (bootstrap_dir(), extra_path) if p)
+    full.update(env)
+    return subprocess.run([sys.executable, "-c", code], env=full, capture_output=True, text=True,
+                          timeout=60, check=True)
+
+
+def report(extra_path: str = "", **env: str) -> dict[str, object]:
+    result: dict[str, object] = json.loads(python(REPORT, extra_path, **env).stdout)
+    return result
+
+
+def test_bootstrap_is_inert_without_esiwrap() -> None:
+    """Outside esiwrap (no ESIWRAP_SOCKET), the bootstrap imports nothing of ours, installs no
+    import hook and sets no Ray hook."""
+    seen = report()
+    assert not [m for m in seen["modules"] if m.startswith("esiwrap")]  # type: ignore[union-attr]
+    assert seen["hook"] is None
+    assert "_PostImportFinder" not in seen["finders"]  # type: ignore[operator]
+
+
+def test_bootstrap_under_esiwrap_sets_the_ray_hook_and_stays_light() -> None:
+    """Under esiwrap, a plain Python process gets the Ray runtime-env hook (a user's hook is kept
+    for chaining) and imports nothing heavy: verl is only patched once a Ray worker imports it."""
+    seen = report(ESIWRAP_SOCKET="/nonexistent/esiwrap.sock", RAY_RUNTIME_ENV_HOOK="user.module.hook")
+    assert seen["hook"] == OUR_RAY_ENV_HOOK
+    assert seen["chained"] == "user.module.hook"
+    assert not [m for m in seen["modules"] if m.startswith(HEAVY)]  # type: ignore[union-attr]
+
+
+def test_bootstrap_in_a_ray_worker_of_the_job_installs_the_verl_import_hook() -> None:
+    """With the job's relay variable (a Ray worker), the post-import hook for verl's trainer modules
+    is installed, the save signal is handled (a stray SIGUSR1 cannot kill the worker), and verl
+    itself is not imported."""
+    code = (
+        "import os, signal, sys; os.kill(os.getpid(), signal.SIGUSR1); "
+        "from esiwrap.integrations.ray_relay import signal_flag; "
+        "print(signal_flag.count, any(type(f).__name__ == '_PostImportFinder' for f in sys.meta_path), "
+        "'verl' in sys.modules)"
+    )
+    out = python(code, ESIWRAP_SOCKET="/nonexistent/esiwrap.sock", ESIWRAP_RELAY="test-relay").stdout
+    assert out.split() == ["1", "True", "False"]
+
+
+def test_bootstrap_chains_an_existing_sitecustomize(tmp_path: Path) -> None:
+    """A sitecustomize that was there before esiwrap still runs, inert or active."""
+    (tmp_path / "sitecustomize.py").write_text("import os\nos.environ['USER_SITECUSTOMIZE_RAN'] = '1'\n")
+    code = "import os; print(os.environ.get('USER_SITECUSTOMIZE_RAN'))"
+    assert python(code, str(tmp_path)).stdout.strip() == "1"
+    active = python(code, str(tmp_path), ESIWRAP_SOCKET="/nonexistent/esiwrap.sock")
+    assert active.stdout.strip() == "1"
+
+
+def test_bootstrap_start_up_cost_is_small() -> None:
+    """The whole bootstrap (sitecustomize and what it imports) costs well under 30 ms at start-up,
+    measured by the interpreter's own -X importtime (best of five on a shared machine)."""
+    costs = []
+    for _ in range(5):
+        env = {k: v for k, v in os.environ.items() if not k.startswith("ESIWRAP_")}
+        env.update(PYTHONPATH=bootstrap_dir(), ESIWRAP_SOCKET="/nonexistent/esiwrap.sock")
+        done = subprocess.run([sys.executable, "-X", "importtime", "-c", "pass"], env=env,
+                              capture_output=True, text=True, timeout=60, check=True)
+        line = next(ln for ln in done.stderr.splitlines() if ln.split("|")[-1].strip() == "sitecustomize")
+        costs.append(int(line.split("|")[1]) / 1000.0)
+    assert min(costs) < 30.0, costs
+
+
+def test_child_environment_puts_the_bootstrap_first_on_pythonpath() -> None:
+    """The child's PYTHONPATH starts with the bootstrap directory and keeps the user's entries."""
+    env = child_environment({"PYTHONPATH": "/user/lib"}, "/run/esiwrap.sock", SupervisorConfig(argv=["x"]))
+    assert env["PYTHONPATH"].split(os.pathsep) == [bootstrap_dir(), "/user/lib"]
+    assert Path(bootstrap_dir(), "sitecustomize.py").is_file()
+    modules = sorted(p.name for p in Path(bootstrap_dir()).iterdir() if p.suffix == ".py")
+    assert modules == ["sitecustomize.py"]  # nothing else becomes importable in the child
+    bare = child_environment({}, "/run/esiwrap.sock", SupervisorConfig(argv=["x"]))
+    assert bare["PYTHONPATH"] == bootstrap_dir()
+
+
+def test_runtime_env_hook_makes_the_driver_the_relay_and_ships_the_hook() -> None:
+    """In a Ray driver's `ray.init`, the hook says hello (signal handled, stop with SIGINT, no saves
+    of its own yet) and extends the job's runtime env: our package in py_modules, our worker setup
+    hook chained before the user's, the relay id and the save signal for the workers."""
+    server = ChannelServer()
+    try:
+        code = (
+            "import json; from esiwrap.integrations.ray_relay import runtime_env_hook; "
+            "env = runtime_env_hook({'env_vars': {'A': '1'}, 'py_modules': ['/user/mod'], "
+            "'worker_process_setup_hook': 'user.setup'}); print(json.dumps(env))"
+        )
+        env = json.loads(python(code, ESIWRAP_SOCKET=server.path).stdout)
+        hello = server.receive()[0]
+    finally:
+        server.close()
+    package = str(Path(bootstrap_dir()).parent)
+    assert env["py_modules"] == ["/user/mod", package]
+    assert env["worker_process_setup_hook"] == "esiwrap.integrations.ray_relay.worker_setup"
+    assert env["env_vars"]["ESIWRAP_CHAINED_SETUP_HOOK"] == "user.setup"
+    assert env["env_vars"]["A"] == "1" and env["env_vars"]["ESIWRAP_SIGNAL"] == "SIGUSR1"
+    assert env["env_vars"]["ESIWRAP_RELAY"].startswith(f"{hello.pid}-")
+    assert hello.type == "hello"
+    assert (hello.get_bool("signal", False), hello.get_str("stop_signal"), hello.get_bool("saves", True)) == (
+        True, "SIGINT", False)
+
+
+def test_import_hook_runs_after_the_module_executes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The callback sees the fully executed module, and the module is not imported by watching it."""
+    (tmp_path / "esiwrap_probe_module.py").write_text("VALUE = 42\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    seen: list[int] = []
+    when_imported("esiwrap_probe_module", lambda module: seen.append(module.VALUE))
+    assert "esiwrap_probe_module" not in sys.modules and seen == []
+    import esiwrap_probe_module  # noqa: F401
+
+    assert seen == [42]
+    when_imported("esiwrap_probe_module", lambda module: seen.append(-module.VALUE))
+    assert seen == [42, -42]  # already imported: at once
+    del sys.modules["esiwrap_probe_module"]
+
+
+def test_a_failing_import_hook_never_breaks_the_import(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A bug in a hook is reported on stderr; the user's import still succeeds."""
+    (tmp_path / "esiwrap_probe_broken.py").write_text("VALUE = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    def broken(module: object) -> None:
+        raise RuntimeError("boom")
+
+    when_imported("esiwrap_probe_broken", broken)
+    import esiwrap_probe_broken
+
+    assert esiwrap_probe_broken.VALUE == 1
+    assert "hook for esiwrap_probe_broken failed" in capsys.readouterr().err
+    del sys.modules["esiwrap_probe_broken"]

@@ -1,0 +1,185 @@
+"""verl under esiwrap with no code change: real verl 0.9.1, real Ray clusters, real signals, CPU.
+
+Each run is `esiwrap -- python tests/verl_driver.py`: a Ray driver whose TaskRunner actor runs
+verl's real trainer code (see the driver's docstring). The deadline is generous and the planned
+save comes early (large --redundant-time), so a slow start (importing verl takes tens of seconds
+on a loaded machine) only delays the save: the request waits in Ray's KV for the first boundary.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+from esiwrap_harness import PYTHON, ROOT, EsiwrapRun, processes_with_marker, wait_until
+
+from esiwrap.errors import EXIT_CHECKPOINTED
+
+pytest.importorskip("verl", reason="the verl extra: pip install -e '.[test,verl]'")
+
+DRIVER = ROOT / "tests" / "verl_driver.py"
+RAY_TIMEOUT_S = 240.0  # importing verl in a fresh Ray worker is slow on a busy CI machine
+
+
+@pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    """Ray's Unix socket paths must stay under 108 bytes: a short directory, removed afterwards."""
+    path = Path(tempfile.mkdtemp(prefix="esv-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def ray_env(tmp: Path, **extra: str) -> dict[str, str]:
+    """Ray writes to /tmp/ray and ~/.ray: both go to the test's directory."""
+    home = tmp / "home"
+    home.mkdir(exist_ok=True)
+    (tmp / "ray").mkdir(exist_ok=True)
+    return {
+        "HOME": str(home), "RAY_TMPDIR": str(tmp / "ray"), "RAY_AUTH_MODE": "disabled",
+        "RAY_USAGE_STATS_ENABLED": "0", "PYTHONPATH": "", **extra,
+    }
+
+
+def verl_run(esiwrap: Any, tmp: Path, loop: str, env: dict[str, str], *driver_args: str) -> EsiwrapRun:
+    run: EsiwrapRun = esiwrap(
+        "--deadline", "+600s", "--redundant-time", "570", "--save-duration", "2", "--no-final-save",
+        "--log-level", "debug", "--",
+        PYTHON, str(DRIVER), "--loop", loop, "--ckpt-dir", str(tmp / "ckpt"),
+        "--pid-file", str(tmp / "taskrunner.pid"), "--step-seconds", "0.3", *driver_args,
+        env=env, cwd=str(tmp),
+    )
+    return run
+
+
+def assert_saved_at_next_boundary(run: EsiwrapRun, tmp: Path, loop: str) -> dict[str, Any]:
+    """The whole story: SIGUSR1 to the driver, one save, acknowledged, SIGINT, 75."""
+    code = run.finish(timeout=RAY_TIMEOUT_S)
+    assert code == EXIT_CHECKPOINTED, (run.names(), run.other_lines[-30:])
+    driver_pid = run.first("child_started")["pid"]
+    requested = run.first("save_requested")
+    assert requested["reason"] == "deadline"
+    assert requested["pids"] == [driver_pid]  # the driver only, never its group
+    attached = [e for e in run.events if e["event"] == "trainer_attached"]
+    assert attached[0]["stop_signal"] == "SIGINT" and attached[0]["saves"] is False
+    loop_hello = next(e for e in attached if e.get("loop"))
+    assert (loop_hello["loop"], loop_hello["verl_version"], loop_hello["saves"]) == (loop, "0.9.1", True)
+    completed = [e for e in run.events if e["event"] == "save_completed"]
+    assert len(completed) == 1 and completed[0]["requested"] is True
+    step = completed[0]["step"]
+    assert completed[0]["path"] == str(tmp / "ckpt" / f"global_step_{step}")
+    # the save came at the first step boundary the loop reached after the request
+    index = run.events.index
+    steps_before = [e["step"] for e in run.events[index(requested):index(completed[0])]
+                    if e["event"] == "step_observed"]
+    assert step <= (steps_before[0] if steps_before else step) + 1, steps_before
+    assert (tmp / "ckpt" / "latest_checkpointed_iteration.txt").read_text() == str(step)
+    assert (tmp / "ckpt" / f"global_step_{step}" / "actor" / "model.pt").exists()
+    assert sorted(p.name for p in (tmp / "ckpt").glob("global_step_*")) == [f"global_step_{step}"]
+    stopping = run.first("child_stopping")
+    assert stopping["signal"] == "SIGINT"
+    return {"step": step, "driver_pid": driver_pid}
+
+
+def assert_nothing_left(tmp: Path) -> None:
+    """No process of the run survives: driver, TaskRunner, raylet, gcs_server (psutil scan)."""
+    taskrunner = int((tmp / "taskrunner.pid").read_text())
+    assert wait_until(lambda: not psutil.pid_exists(taskrunner), timeout=30), "TaskRunner left behind"
+    assert wait_until(lambda: not processes_with_marker(str(tmp)), timeout=30), [
+        p.info["cmdline"] for p in processes_with_marker(str(tmp))
+    ]
+
+
+def test_legacy_loop_on_a_local_cluster_saves_once_and_ignores_verls_own_expiry_check(
+    esiwrap: Any, short_tmp: Path
+) -> None:
+    """Legacy `RayPPOTrainer` loop on a cluster the driver starts: the requested save goes through
+    verl's real `_save_checkpoint` at the next boundary and is acknowledged after the tracker file
+    is written; esiwrap stops the driver with SIGINT and exits 75 with nothing left. verl's own
+    MLP_ expiry check, which would fire at every step here, is not consulted: one save, once."""
+    run = verl_run(esiwrap, short_tmp, "legacy", ray_env(short_tmp), "--save-freq", "1000",
+                   "--mlp-expiry-in", "50")
+    assert_saved_at_next_boundary(run, short_tmp, "legacy")
+    # verl's rule (expiry within 60 s + step time + redundancy) would have saved at every step
+    assert (short_tmp / "verl_native_check.txt").read_text() == "True"
+    assert_nothing_left(short_tmp)
+
+
+def test_v1_loop_on_a_local_cluster_saves_without_save_freq(esiwrap: Any, short_tmp: Path) -> None:
+    """verl's default V1 `PPOTrainer.fit` (real code; only the step itself is a sleep): with
+    verl's default save_freq=-1, which never saves, the requested save still runs through verl's
+    `_save_checkpoint` at the end of the next step, is acknowledged, and the run stops with 75."""
+    run = verl_run(esiwrap, short_tmp, "v1", ray_env(short_tmp), "--save-freq", "-1")
+    assert_saved_at_next_boundary(run, short_tmp, "v1")
+    assert_nothing_left(short_tmp)
+
+
+@pytest.fixture
+def ray_cluster(short_tmp: Path) -> Iterator[str]:
+    """A Ray cluster started separately (`ray start --head` on 127.0.0.1): the multi-node set-up,
+    where workers inherit the raylet's environment, not the driver's."""
+    env = {**os.environ, **ray_env(short_tmp)}
+    env.pop("ESIWRAP_SOCKET", None)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    ray_bin = str(Path(sys.executable).parent / "ray")
+    head = subprocess.Popen(
+        [ray_bin, "start", "--head", "--block", "--node-ip-address=127.0.0.1", f"--port={port}",
+         "--num-cpus=2", "--include-dashboard=false", "--disable-usage-stats",
+         f"--temp-dir={short_tmp / 'ray'}"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )
+    address = f"127.0.0.1:{port}"
+    try:
+        ready = wait_until(lambda: _cluster_up(ray_bin, address, env) or head.poll() is not None, 120, 1.0)
+        assert ready and head.poll() is None, "ray start --head did not come up"
+        yield address
+    finally:
+        tree = [head, *_descendants(head.pid)]
+        with contextlib.suppress(ProcessLookupError):
+            head.send_signal(signal.SIGTERM)  # `ray start --block` stops its own processes
+        _, alive = psutil.wait_procs([p for p in tree if isinstance(p, psutil.Process)], timeout=20)
+        for proc in alive:
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
+        head.wait(timeout=20)
+
+
+def _cluster_up(ray_bin: str, address: str, env: dict[str, str]) -> bool:
+    probe = subprocess.run([ray_bin, "status", f"--address={address}"], env=env,
+                           capture_output=True, timeout=60, check=False)
+    return probe.returncode == 0
+
+
+def _descendants(pid: int) -> list[psutil.Process]:
+    try:
+        return list(psutil.Process(pid).children(recursive=True))
+    except psutil.Error:
+        return []
+
+
+def test_legacy_loop_on_a_separately_started_cluster(esiwrap: Any, short_tmp: Path, ray_cluster: str) -> None:
+    """On a cluster started by `ray start` (RAY_ADDRESS), the hook reaches the TaskRunner through
+    the job's runtime env (worker setup hook + py_modules), the request and the events travel
+    through Ray's KV, and the save at the next boundary is acknowledged; with verl's default
+    save_freq=-1 the hook saves itself through `_save_checkpoint`. The driver is stopped with
+    SIGINT, exit 75, and the job's TaskRunner is gone while the cluster lives on."""
+    env = ray_env(short_tmp, RAY_ADDRESS=ray_cluster)
+    run = verl_run(esiwrap, short_tmp, "legacy", env, "--save-freq", "-1")
+    result = assert_saved_at_next_boundary(run, short_tmp, "legacy")
+    relayed = next(e for e in run.events if e["event"] == "trainer_attached" and e.get("loop"))
+    assert relayed["relayed_from"]["pid"] == int((short_tmp / "taskrunner.pid").read_text())
+    taskrunner = int((short_tmp / "taskrunner.pid").read_text())
+    assert wait_until(lambda: not psutil.pid_exists(taskrunner), timeout=60), "TaskRunner left behind"
+    assert not psutil.pid_exists(result["driver_pid"])
