@@ -9,6 +9,7 @@ on a loaded machine) only delays the save: the request waits in Ray's KV for the
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -25,11 +26,56 @@ import pytest
 from esiwrap_harness import PYTHON, ROOT, EsiwrapRun, processes_with_marker, wait_until
 
 from esiwrap.errors import EXIT_CHECKPOINTED
+from esiwrap.integrations import bootstrap_dir
 
 pytest.importorskip("verl", reason="the verl extra: pip install -e '.[test,verl]'")
 
 DRIVER = ROOT / "tests" / "verl_driver.py"
 RAY_TIMEOUT_S = 240.0  # importing verl in a fresh Ray worker is slow on a busy CI machine
+pytestmark = pytest.mark.timeout(420)
+
+# verl's ESI decision case by case (the cases of verl's tests/utils/ckpt/test_esi_save_ckpt_on_cpu.py)
+# run against the name the legacy loop calls: `ray_trainer.should_save_ckpt_esi`.
+VERL_ESI_CASES = """
+import json, os, sys, time
+from datetime import datetime, timedelta
+from verl.trainer.ppo import ray_trainer
+from verl.trainer.ppo.v1 import trainer_base
+from verl.utils.checkpoint import checkpoint_manager
+
+decide = ray_trainer.should_save_ckpt_esi
+MLP = "MLP_CURRENT_CAPACITY_BLOCK_EXPIRATION_TIMESTAMP"
+AWS = "SAGEMAKER_CURRENT_CAPACITY_BLOCK_EXPIRATION_TIMESTAMP"
+
+def case(mlp=None, aws=None, **kwargs):
+    for name, value in ((MLP, mlp), (AWS, aws)):
+        os.environ.pop(name, None)
+        if value is not None:
+            os.environ[name] = value
+    return decide(**kwargs)
+
+now = time.time()
+later = lambda minutes: str(int((datetime.now() + timedelta(minutes=minutes)).timestamp()))
+print(json.dumps({
+    "no_expiry": case(max_steps_duration=100),
+    "mlp_within_reach": case(mlp=str(now + 90), max_steps_duration=30),
+    "mlp_passed": case(mlp=str(now - 10), max_steps_duration=30),
+    "mlp_garbage": case(mlp="invalid", max_steps_duration=30),
+    "mlp_far": case(mlp=str(now + 200), max_steps_duration=30),
+    "aws_far": case(aws=later(100), max_steps_duration=30 * 60),
+    "redundant_time_counts": case(mlp=str(now + 120), max_steps_duration=30, redundant_time=30),
+    "no_step_time_yet": case(mlp=str(now + 60), max_steps_duration=0),
+    "same_function": decide is checkpoint_manager.should_save_ckpt_esi,
+    "patched": [hasattr(f, "__esiwrap_patched__") for f in (
+        decide, ray_trainer.RayPPOTrainer._save_checkpoint, ray_trainer.RayPPOTrainer.fit,
+        trainer_base.PPOTrainer.fit, trainer_base.PPOTrainer._save_checkpoint)],
+    "esiwrap_loaded": sorted(m for m in sys.modules if m.startswith("esiwrap")),
+}))
+"""
+VERL_ANSWERS = {
+    "no_expiry": False, "mlp_within_reach": True, "mlp_passed": False, "mlp_garbage": False,
+    "mlp_far": False, "aws_far": False, "redundant_time_counts": True, "no_step_time_yet": False,
+}
 
 
 @pytest.fixture
@@ -60,6 +106,30 @@ def verl_run(esiwrap: Any, tmp: Path, loop: str, env: dict[str, str], *driver_ar
         env=env, cwd=str(tmp),
     )
     return run
+
+
+def verl_esi_cases(**env: str) -> subprocess.Popen[str]:
+    full = {k: v for k, v in os.environ.items() if not k.startswith(("ESIWRAP_", "RAY_RUNTIME_ENV", "MLP_"))}
+    full.update(PYTHONPATH=bootstrap_dir(), **env)
+    return subprocess.Popen([PYTHON, "-c", VERL_ESI_CASES], env=full, stdout=subprocess.PIPE, text=True)
+
+
+def test_verl_is_untouched_outside_esiwrap_and_without_a_ray_job() -> None:
+    """With the bootstrap on PYTHONPATH but no esiwrap, verl's trainer modules are not patched and
+    verl's own ESI test cases pass against the name its loop calls. In a process that has the hook
+    but is not in esiwrap's Ray job (no Ray connection), the patched names fall back to verl's
+    decision and the same cases pass."""
+    inert = verl_esi_cases()
+    hooked = verl_esi_cases(ESIWRAP_SOCKET="/nonexistent/esiwrap.sock", ESIWRAP_RELAY="no-ray-here")
+    inert_out, _ = inert.communicate(timeout=300)
+    hooked_out, _ = hooked.communicate(timeout=300)
+    assert inert.returncode == 0 and hooked.returncode == 0
+    untouched, patched = json.loads(inert_out), json.loads(hooked_out)
+    assert {k: untouched[k] for k in VERL_ANSWERS} == VERL_ANSWERS
+    assert untouched["same_function"] is True
+    assert untouched["patched"] == [False] * 5 and untouched["esiwrap_loaded"] == []
+    assert {k: patched[k] for k in VERL_ANSWERS} == VERL_ANSWERS
+    assert patched["patched"] == [True] * 5
 
 
 def assert_saved_at_next_boundary(run: EsiwrapRun, tmp: Path, loop: str) -> dict[str, Any]:
