@@ -164,3 +164,81 @@ def test_a_failing_import_hook_never_breaks_the_import(
     assert esiwrap_probe_broken.VALUE == 1
     assert "hook for esiwrap_probe_broken failed" in capsys.readouterr().err
     del sys.modules["esiwrap_probe_broken"]
+
+
+class RecordingTransport:
+    """The relay's interface (send, request_count), recording what the loop reports."""
+
+    def __init__(self, requests: int = 0) -> None:
+        self.requests = requests
+        self.sent: list[tuple[str, dict[str, object]]] = []
+
+    def send(self, message_type: str, **fields: object) -> bool:
+        self.sent.append((message_type, fields))
+        return True
+
+    def request_count(self) -> int:
+        return self.requests
+
+    def types(self) -> list[str]:
+        return [kind for kind, _ in self.sent]
+
+
+def trainer_at(step: int, root: Path, finalize: object = None) -> object:
+    from types import SimpleNamespace
+
+    config = SimpleNamespace(trainer=SimpleNamespace(default_local_dir=str(root), save_freq=-1))
+    return SimpleNamespace(config=config, global_steps=step,
+                           actor_rollout_wg=SimpleNamespace(async_calls_finalize_fn_exec=finalize))
+
+
+def test_verl_save_is_acknowledged_only_once_the_tracker_names_its_step(tmp_path: Path) -> None:
+    """An async save nobody asked for is reported when a later boundary finds verl's tracker file
+    naming its step; until then there is no save_end (the checkpoint is not resumable yet)."""
+    from esiwrap.integrations.verl import _Loop
+
+    loop, transport = _Loop(), RecordingTransport()
+    loop.transport = transport
+    loop.saved(trainer_at(5, tmp_path), lambda trainer: None, (), {})
+    loop.boundary(6)  # the first boundary only starts the clock
+    assert transport.types() == ["save_begin"]
+    loop.boundary(7)
+    assert transport.types() == ["save_begin", "step"]
+    (tmp_path / "latest_checkpointed_iteration.txt").write_text("5")
+    loop.boundary(8)
+    assert transport.types() == ["save_begin", "step", "step", "save_end"]
+    end = transport.sent[-1][1]
+    assert (end["ok"], end["step"], end["path"]) == (True, 5, str(tmp_path / "global_step_5"))
+
+
+def test_verl_requested_async_save_is_finalized_before_the_acknowledgement(tmp_path: Path) -> None:
+    """A save esiwrap asked for is finalized at once (the instance may be gone soon), then
+    acknowledged, and the request counts as handled."""
+    from esiwrap.integrations.verl import _Loop
+
+    def finalize(blocking: bool) -> None:
+        assert blocking
+        (tmp_path / "latest_checkpointed_iteration.txt").write_text("9")
+
+    loop, transport = _Loop(), RecordingTransport(requests=1)
+    loop.transport = transport
+    assert loop.save_requested()
+    loop.saved(trainer_at(9, tmp_path, finalize), lambda trainer: None, (), {})
+    assert transport.types() == ["save_begin", "save_end"] and transport.sent[-1][1]["ok"] is True
+    assert not loop.save_requested()
+
+
+def test_verl_failed_save_is_reported_and_the_request_stays(tmp_path: Path) -> None:
+    """A save that raises is reported as failed and re-raised; the request is still pending, so
+    the next boundary tries again."""
+    from esiwrap.integrations.verl import _Loop
+
+    def broken(trainer: object) -> None:
+        raise OSError("disk full")
+
+    loop, transport = _Loop(), RecordingTransport(requests=1)
+    loop.transport = transport
+    with pytest.raises(OSError):
+        loop.saved(trainer_at(3, tmp_path), broken, (), {})
+    assert transport.types() == ["save_begin", "save_end"] and transport.sent[-1][1]["ok"] is False
+    assert loop.save_requested()

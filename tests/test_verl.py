@@ -243,10 +243,12 @@ def test_legacy_loop_on_a_separately_started_cluster(esiwrap: Any, short_tmp: Pa
     """On a cluster started by `ray start` (RAY_ADDRESS), the hook reaches the TaskRunner through
     the job's runtime env (worker setup hook + py_modules), the request and the events travel
     through Ray's KV, and the save at the next boundary is acknowledged; with verl's default
-    save_freq=-1 the hook saves itself through `_save_checkpoint`. The driver is stopped with
-    SIGINT, exit 75, and the job's TaskRunner is gone while the cluster lives on."""
+    save_freq=-1 the hook saves itself through `_save_checkpoint`. The save is asynchronous
+    (`async_save`: verl leaves the tracker file to the finalize step), so the hook finalizes it
+    before acknowledging. The driver is stopped with SIGINT, exit 75, and the job's TaskRunner is
+    gone while the cluster lives on."""
     env = ray_env(short_tmp, RAY_ADDRESS=ray_cluster)
-    run = verl_run(esiwrap, short_tmp, "legacy", env, "--save-freq", "-1")
+    run = verl_run(esiwrap, short_tmp, "legacy", env, "--save-freq", "-1", "--async-save")
     result = assert_saved_at_next_boundary(run, short_tmp, "legacy")
     relayed = next(e for e in run.events if e["event"] == "trainer_attached" and e.get("loop"))
     assert relayed["relayed_from"]["pid"] == int((short_tmp / "taskrunner.pid").read_text())

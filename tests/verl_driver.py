@@ -24,7 +24,7 @@ from typing import Any
 import ray
 
 
-def verl_config(ckpt_dir: str, save_freq: int, total_steps: int) -> Any:
+def verl_config(ckpt_dir: str, save_freq: int, total_steps: int, async_save: bool) -> Any:
     """verl's own generated PPO config, with what this CPU run needs."""
     import verl
     from omegaconf import OmegaConf
@@ -36,12 +36,19 @@ def verl_config(ckpt_dir: str, save_freq: int, total_steps: int) -> Any:
             "test_freq": -1, "val_before_train": False, "logger": ["console"], "total_epochs": 1,
             "total_training_steps": total_steps, "project_name": "esiwrap", "experiment_name": "test",
         },
+        "actor_rollout_ref": {"actor": {"checkpoint": {"async_save": async_save}}},
     }
     return OmegaConf.merge(config, overrides)
 
 
 class StubWorkerGroup:
-    """Stands in for the FSDP actor worker group: writes one file per save, synchronously."""
+    """Stands in for the actor worker group: writes one file per save. With `async_save`, like
+    Megatron's async checkpointing, the tracker file is written only when the save is finalized
+    (`async_calls_finalize_fn_exec(blocking=True)`), never by verl's `_save_checkpoint`."""
+
+    def __init__(self, async_save: bool = False) -> None:
+        self.async_save = async_save
+        self.unfinished: list[tuple[str, int]] = []
 
     def save_checkpoint(
         self, local_path: str, hdfs_path: Any, global_step: int, max_ckpt_to_keep: Any = None
@@ -50,6 +57,16 @@ class StubWorkerGroup:
 
         os.makedirs(local_path, exist_ok=True)
         torch.save({"step": global_step}, os.path.join(local_path, "model.pt"))
+        if self.async_save:
+            self.unfinished.append((local_path, global_step))
+
+    def async_calls_finalize_fn_exec(self, blocking: bool = False) -> None:
+        if not blocking:
+            return  # the writes are "still in flight"
+        for local_path, step in self.unfinished:
+            tracker = Path(local_path).parent.parent / "latest_checkpointed_iteration.txt"
+            tracker.write_text(str(step))
+        self.unfinished.clear()
 
 
 def dataloader() -> Any:
@@ -64,7 +81,7 @@ def run_legacy(config: Any, step_s: float, steps: int) -> None:
     class FitShaped(ray_trainer.RayPPOTrainer):
         def __init__(self) -> None:  # verl's __init__ builds GPU worker groups: not on CPU
             self.config = config
-            self.actor_rollout_wg = StubWorkerGroup()
+            self.actor_rollout_wg = StubWorkerGroup(config.actor_rollout_ref.actor.checkpoint.async_save)
             self.use_critic = False
             self.train_dataloader = dataloader()
             self.global_steps = 0
@@ -73,6 +90,7 @@ def run_legacy(config: Any, step_s: float, steps: int) -> None:
         def fit(self) -> None:
             self.global_steps = 1
             for _batch in self.train_dataloader:
+                self.actor_rollout_wg.async_calls_finalize_fn_exec(blocking=False)
                 started = time.monotonic()
                 time.sleep(step_s)  # generation, log-probs, the actor update
                 esi_close_to_expiration = ray_trainer.should_save_ckpt_esi(
@@ -143,7 +161,7 @@ def expire_soon_per_verl(in_s: float, step_s: float, out_dir: Path) -> None:
 class TaskRunner:
     def run(self, args: argparse.Namespace) -> None:
         Path(args.pid_file).write_text(str(os.getpid()))
-        config = verl_config(args.ckpt_dir, args.save_freq, args.steps)
+        config = verl_config(args.ckpt_dir, args.save_freq, args.steps, args.async_save)
         loop, step_s, steps = args.loop, args.step_seconds, args.steps
         if loop == "legacy":
             from verl.trainer.ppo import ray_trainer  # noqa: F401 - imported first, as verl does
@@ -163,6 +181,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--save-freq", type=int, default=-1)
     parser.add_argument("--pid-file", required=True)
+    parser.add_argument("--async-save", action="store_true", help="actor.checkpoint.async_save=True")
     parser.add_argument("--mlp-expiry-in", type=float, help="set verl's MLP_ expiry variable in the actor")
     args = parser.parse_args()
     if os.environ.get("RAY_ADDRESS"):
