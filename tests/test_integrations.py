@@ -133,6 +133,24 @@ def test_runtime_env_hook_makes_the_driver_the_relay_and_ships_the_hook() -> Non
         True, "SIGINT", False)
 
 
+def test_worker_setup_hook_handles_the_signal_then_runs_the_users_hook(tmp_path: Path) -> None:
+    """The job's `worker_process_setup_hook` (what reaches workers of a separately started
+    cluster): the save signal is handled so it cannot kill the worker, the verl import hook is in
+    place, and the user's own setup hook still runs, after ours."""
+    (tmp_path / "user_setup.py").write_text("def hook():\n    print('user hook ran')\n")
+    code = (
+        "import os, signal, sys; sys.path.insert(0, os.environ['USER_DIR']); "
+        "from esiwrap.integrations.ray_relay import worker_setup, signal_flag; worker_setup(); "
+        "os.kill(os.getpid(), signal.SIGUSR1); "
+        "print(signal_flag.count, any(type(f).__name__ == '_PostImportFinder' for f in sys.meta_path))"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ESIWRAP_")}
+    env.update(USER_DIR=str(tmp_path), ESIWRAP_CHAINED_SETUP_HOOK="user_setup.hook", PYTHONPATH="")
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          timeout=120, check=True)
+    assert done.stdout.split("\n")[:2] == ["user hook ran", "1 True"]
+
+
 def test_import_hook_runs_after_the_module_executes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The callback sees the fully executed module, and the module is not imported by watching it."""
     (tmp_path / "esiwrap_probe_module.py").write_text("VALUE = 42\n")

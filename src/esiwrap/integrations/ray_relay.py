@@ -170,6 +170,7 @@ class _Driver:
         import select
 
         kv: KvRelay | None = None
+        last_error = ""
         while True:
             readable, _, _ = select.select([self._wake_r], [], [], RELAY_POLL_S)
             if readable:
@@ -188,7 +189,9 @@ class _Driver:
             except Exception as exc:  # Ray shutting down: the driver is exiting anyway
                 if _ray_gone():
                     return
-                print(f"esiwrap: relay: {exc!r}", file=sys.stderr)
+                if repr(exc) != last_error:  # once per kind of trouble, not five times a second
+                    last_error = repr(exc)
+                    print(f"esiwrap: relay: {last_error}", file=sys.stderr)
 
     def _forward(self, message: dict[str, Any]) -> None:
         kind = str(message.pop("type", ""))
