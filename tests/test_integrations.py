@@ -19,7 +19,7 @@ from esiwrap.integrations import OUR_RAY_ENV_HOOK, bootstrap_dir
 from esiwrap.integrations.importhook import when_imported
 from esiwrap.supervisor import SupervisorConfig, child_environment
 
-HEAVY = ("verl", "ray", "torch", "psutil", "structlog", "esiwrap.channel", "esiwrap.integrations.verl")
+HEAVY = ("verl", "ray", "torch", "psutil", "structlog", "esiwrap.channel", "esiwrap.integrations.ray_relay")
 REPORT = (
     "import json, os, sys; print(json.dumps({'modules': sorted(sys.modules), "
     "'hook': os.environ.get('RAY_RUNTIME_ENV_HOOK'), "
@@ -52,10 +52,12 @@ def test_bootstrap_is_inert_without_esiwrap() -> None:
 
 def test_bootstrap_under_esiwrap_sets_the_ray_hook_and_stays_light() -> None:
     """Under esiwrap, a plain Python process gets the Ray runtime-env hook (a user's hook is kept
-    for chaining) and imports nothing heavy: verl is only patched once a Ray worker imports it."""
+    for chaining) and the post-import hook for verl's trainer modules, and imports nothing heavy:
+    verl is only patched if and when it is imported."""
     seen = report(ESIWRAP_SOCKET="/nonexistent/esiwrap.sock", RAY_RUNTIME_ENV_HOOK="user.module.hook")
     assert seen["hook"] == OUR_RAY_ENV_HOOK
     assert seen["chained"] == "user.module.hook"
+    assert "_PostImportFinder" in seen["finders"]  # type: ignore[operator]
     assert not [m for m in seen["modules"] if m.startswith(HEAVY)]  # type: ignore[union-attr]
 
 

@@ -117,10 +117,10 @@ def verl_esi_cases(**env: str) -> subprocess.Popen[str]:
 def test_verl_is_untouched_outside_esiwrap_and_without_a_ray_job() -> None:
     """With the bootstrap on PYTHONPATH but no esiwrap, verl's trainer modules are not patched and
     verl's own ESI test cases pass against the name its loop calls. In a process that has the hook
-    but is not in esiwrap's Ray job (no Ray connection), the patched names fall back to verl's
-    decision and the same cases pass."""
+    (a worker of esiwrap's job) but neither a Ray connection nor esiwrap's socket, the patched
+    names fall back to verl's decision and the same cases pass."""
     inert = verl_esi_cases()
-    hooked = verl_esi_cases(ESIWRAP_SOCKET="/nonexistent/esiwrap.sock", ESIWRAP_RELAY="no-ray-here")
+    hooked = verl_esi_cases(ESIWRAP_RELAY="no-ray-here")
     inert_out, _ = inert.communicate(timeout=300)
     hooked_out, _ = hooked.communicate(timeout=300)
     assert inert.returncode == 0 and hooked.returncode == 0
@@ -191,6 +191,24 @@ def test_v1_loop_on_a_local_cluster_saves_without_save_freq(esiwrap: Any, short_
     `_save_checkpoint` at the end of the next step, is acknowledged, and the run stops with 75."""
     run = verl_run(esiwrap, short_tmp, "v1", ray_env(short_tmp), "--save-freq", "-1")
     assert_saved_at_next_boundary(run, short_tmp, "v1")
+    assert_nothing_left(short_tmp)
+
+
+def test_without_the_ray_hook_the_taskrunner_attaches_directly(esiwrap: Any, short_tmp: Path) -> None:
+    """When Ray skips our runtime-env hook (as under `uv run`), the TaskRunner of a local cluster,
+    hooked by the bootstrap it inherited, says hello itself and asks to be signalled (it descends
+    from esiwrap): the save still happens at the next boundary and is acknowledged. The driver,
+    which never said hello, is stopped with the default SIGTERM; exit 75, nothing left."""
+    run = verl_run(esiwrap, short_tmp, "v1", ray_env(short_tmp), "--skip-ray-env-hook")
+    code = run.finish(timeout=RAY_TIMEOUT_S)
+    assert code == EXIT_CHECKPOINTED, (run.names(), run.other_lines[-30:])
+    taskrunner = int((short_tmp / "taskrunner.pid").read_text())
+    attached = [e for e in run.events if e["event"] == "trainer_attached"]
+    assert [(e["pid"], e["signal"], e["loop"]) for e in attached] == [(taskrunner, True, "v1")]
+    assert run.first("save_requested")["pids"] == [taskrunner]
+    step = run.first("save_completed")["step"]
+    assert (short_tmp / "ckpt" / "latest_checkpointed_iteration.txt").read_text() == str(step)
+    assert run.first("child_stopping")["signal"] == "SIGTERM"
     assert_nothing_left(short_tmp)
 
 

@@ -181,13 +181,16 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--save-freq", type=int, default=-1)
     parser.add_argument("--pid-file", required=True)
+    parser.add_argument("--skip-ray-env-hook", action="store_true")
     parser.add_argument("--async-save", action="store_true", help="actor.checkpoint.async_save=True")
     parser.add_argument("--mlp-expiry-in", type=float, help="set verl's MLP_ expiry variable in the actor")
     args = parser.parse_args()
+    # --skip-ray-env-hook: what `uv run` does to RAY_RUNTIME_ENV_HOOK (Ray ignores it)
+    skip = {"_skip_env_hook": True} if args.skip_ray_env_hook else {}
     if os.environ.get("RAY_ADDRESS"):
-        ray.init()
+        ray.init(**skip)
     else:
-        ray.init(num_cpus=2, include_dashboard=False, _temp_dir=os.environ["RAY_TMPDIR"])
+        ray.init(num_cpus=2, include_dashboard=False, _temp_dir=os.environ["RAY_TMPDIR"], **skip)
     runner = TaskRunner.remote()  # type: ignore[attr-defined]
     ray.get(runner.run.remote(args))
 

@@ -10,7 +10,11 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["HOOK_SWITCH_ENV", "RELAY_ENV", "activate", "bootstrap_dir"]
+TYPE_CHECKING = False  # loaded at interpreter start-up: the typing machinery only for mypy
+if TYPE_CHECKING:
+    from types import ModuleType
+
+__all__ = ["HOOK_SWITCH_ENV", "RELAY_ENV", "activate", "bootstrap_dir", "install_verl_hooks"]
 
 RELAY_ENV = "ESIWRAP_RELAY"  # set by the driver's Ray runtime-env hook: "this Ray job is esiwrap's"
 HOOK_SWITCH_ENV = "ESIWRAP_HOOK"  # "0" turns the zero-code hooks off
@@ -34,6 +38,36 @@ def activate() -> None:
         from esiwrap.integrations import ray_relay
 
         ray_relay.prepare_worker()
+    elif os.environ.get("ESIWRAP_SOCKET"):  # no relay (yet, or ever: `uv run` skips Ray's env hook)
+        install_verl_hooks()
+
+
+VERL_TRAINER_MODULES = (  # the modules whose names the verl hook patches
+    "verl.trainer.ppo.ray_trainer",
+    "verl.experimental.separation.ray_trainer",
+    "verl.experimental.fully_async_policy.fully_async_trainer",
+    "verl.trainer.ppo.v1.trainer_base",
+)
+_verl_hooks_installed = False
+
+
+def install_verl_hooks() -> None:
+    """Patch verl's trainer modules if and when they are imported; the patching code itself is
+    loaded only then (idempotent)."""
+    global _verl_hooks_installed
+    if _verl_hooks_installed:
+        return
+    _verl_hooks_installed = True
+    from esiwrap.integrations.importhook import when_imported
+
+    for name in VERL_TRAINER_MODULES:
+        when_imported(name, _patch_verl_module)
+
+
+def _patch_verl_module(module: ModuleType) -> None:
+    from esiwrap.integrations import verl
+
+    verl.patch_module(module)
 
 
 def _chain_ray_runtime_env_hook() -> None:

@@ -8,7 +8,6 @@ untouched, so the cost for unrelated imports is one dict lookup.
 from __future__ import annotations
 
 import sys
-import threading
 
 TYPE_CHECKING = False  # typing costs milliseconds at every interpreter start: annotations only
 if TYPE_CHECKING:
@@ -19,18 +18,17 @@ if TYPE_CHECKING:
 
     Callback = Callable[[ModuleType], None]
 
-_lock = threading.Lock()
 _callbacks: dict[str, list[Callback]] = {}
 
 
 def when_imported(name: str, callback: Callback) -> None:
     """Call `callback(module)` after `name` is imported (at once when it already is)."""
-    with _lock:
-        module = sys.modules.get(name)
-        if module is None:
-            _callbacks.setdefault(name, []).append(callback)
-            _ensure_finder()
-    if module is not None:
+    # No lock: registration happens at start-up, and Python's import lock serializes the loads.
+    module = sys.modules.get(name)
+    if module is None:
+        _callbacks.setdefault(name, []).append(callback)
+        _ensure_finder()
+    else:
         _run([callback], module)
 
 
@@ -74,9 +72,7 @@ class _CallbackLoader:  # an importlib Loader
 
     def exec_module(self, module: ModuleType) -> None:
         self._wrapped.exec_module(module)
-        with _lock:
-            callbacks = _callbacks.pop(module.__name__, [])
-        _run(callbacks, module)
+        _run(_callbacks.pop(module.__name__, []), module)
 
     def __getattr__(self, name: str) -> Any:  # get_source, get_filename, is_package, ...
         return getattr(self._wrapped, name)

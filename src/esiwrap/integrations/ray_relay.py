@@ -224,9 +224,9 @@ def _ray_gone() -> bool:
 def prepare_worker() -> None:
     """What every Ray worker of esiwrap's job needs; idempotent (bootstrap and setup hook)."""
     install_signal_flag()
-    from esiwrap.integrations import verl
+    from esiwrap.integrations import install_verl_hooks
 
-    verl.install_import_hooks()
+    install_verl_hooks()
 
 
 def worker_setup() -> None:

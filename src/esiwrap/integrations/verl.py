@@ -1,6 +1,6 @@
 """verl with no code change: both PPO loops save at the step boundary after esiwrap asks.
 
-Installed by post-import hooks (`install_import_hooks`) in the Ray workers of an esiwrap job, it
+Loaded by post-import hooks (`esiwrap.integrations.install_verl_hooks`) in esiwrap's processes, it
 touches verl only when a trainer module is imported, and only these names:
 
 * legacy loop (`RayPPOTrainer.fit`, and the experimental trainers built on it): the name
@@ -26,14 +26,12 @@ import os
 import sys
 import time
 
-from esiwrap.integrations.importhook import when_imported
-
 TYPE_CHECKING = False  # loaded at every Ray worker's start-up: the typing module only for mypy
 if TYPE_CHECKING:
     from types import ModuleType
     from typing import Any
 
-__all__ = ["LEGACY_MODULES", "V1_MODULE", "install_import_hooks", "loop"]
+__all__ = ["LEGACY_MODULES", "V1_MODULE", "loop", "patch_module"]
 
 LEGACY_MODULES = (
     "verl.trainer.ppo.ray_trainer",
@@ -44,18 +42,13 @@ V1_MODULE = "verl.trainer.ppo.v1.trainer_base"
 TRACKER = "latest_checkpointed_iteration.txt"
 PATCHED = "__esiwrap_patched__"
 
-_installed = False
 
-
-def install_import_hooks() -> None:
-    """Patch verl's trainer modules when (and if) they are imported; idempotent."""
-    global _installed
-    if _installed:
-        return
-    _installed = True
-    for name in LEGACY_MODULES:
-        when_imported(name, patch_legacy_module)
-    when_imported(V1_MODULE, patch_v1_module)
+def patch_module(module: ModuleType) -> None:
+    """Called by the post-import hook (`esiwrap.integrations.install_verl_hooks`)."""
+    if module.__name__ == V1_MODULE:
+        patch_v1_module(module)
+    elif module.__name__ in LEGACY_MODULES:
+        patch_legacy_module(module)
 
 
 # ---------------------------------------------------------------------- the loop's state
@@ -78,15 +71,22 @@ class _Loop:
             return True
         from esiwrap.integrations import ray_relay
 
-        transport = ray_relay.KvRelay.from_env()
+        transport: Any = ray_relay.KvRelay.from_env()
+        relayed = transport is not None
+        if not relayed and os.environ.get("ESIWRAP_SOCKET"):
+            # No driver relay (Ray skipped our runtime-env hook): talk to esiwrap directly and
+            # be signalled directly, which works where this process descends from esiwrap.
+            transport = _DirectChannel()
         if transport is None:
             return False
-        ray_relay.install_signal_flag()
+        handled = ray_relay.install_signal_flag()
+        if not relayed and not handled:
+            return False  # signalled directly but cannot count the signal: leave verl as it is
         self.transport = transport
         self.kind = kind
         verl = sys.modules.get("verl")
         transport.send(
-            "hello", rank=0, world_size=1, saves=True, signal=False, integration="verl",
+            "hello", rank=0, world_size=1, saves=True, signal=not relayed, integration="verl",
             verl_version=getattr(verl, "__version__", "unknown"), loop=kind,
             trainer=type(trainer).__qualname__, node=_node_ip(),
         )
@@ -164,6 +164,21 @@ class _Loop:
 
 
 loop = _Loop()
+
+
+class _DirectChannel:
+    """esiwrap's socket without the relay: requests arrive as signals, never through the KV."""
+
+    def __init__(self) -> None:
+        from esiwrap.channel import ChannelClient
+
+        self._client = ChannelClient.from_env()
+
+    def send(self, message_type: str, **fields: Any) -> bool:
+        return self._client.send(message_type, **fields)
+
+    def request_count(self) -> int:
+        return 0
 
 
 def _checkpoint_step(trainer: Any) -> int:
