@@ -84,6 +84,22 @@ def test_bootstrap_chains_an_existing_sitecustomize(tmp_path: Path) -> None:
     assert active.stdout.strip() == "1"
 
 
+def test_bootstrap_without_esiwrap_importable_says_so_and_runs_on(tmp_path: Path) -> None:
+    """A Python under esiwrap that cannot import esiwrap (another environment) still runs the
+    program, with one line on stderr naming the fix; ESIWRAP_HOOK=0 silences it."""
+    (tmp_path / "esiwrap").mkdir()
+    (tmp_path / "esiwrap" / "__init__.py").write_text("raise ImportError('not in this environment')\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ESIWRAP_")}
+    env.update(PYTHONPATH=os.pathsep.join((bootstrap_dir(), str(tmp_path))), ESIWRAP_SOCKET="/nonexistent")
+    done = subprocess.run([sys.executable, "-c", "print('ran')"], env=env, capture_output=True, text=True,
+                          timeout=60, check=True)
+    assert done.stdout == "ran\n"
+    assert "integration hook not loaded" in done.stderr and "ESIWRAP_HOOK=0" in done.stderr
+    quiet = subprocess.run([sys.executable, "-c", "print('ran')"], env={**env, "ESIWRAP_HOOK": "0"},
+                           capture_output=True, text=True, timeout=60, check=True)
+    assert (quiet.stdout, quiet.stderr) == ("ran\n", "")
+
+
 def test_bootstrap_start_up_cost_is_small() -> None:
     """The whole bootstrap (sitecustomize and what it imports) costs well under 30 ms at start-up,
     measured by the interpreter's own -X importtime (best of five on a shared machine)."""

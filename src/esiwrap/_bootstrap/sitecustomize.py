@@ -9,13 +9,17 @@ def _esiwrap_start() -> None:
     import os
     import sys
 
-    if os.environ.get("ESIWRAP_SOCKET") or os.environ.get("ESIWRAP_RELAY"):
+    wanted = os.environ.get("ESIWRAP_SOCKET") or os.environ.get("ESIWRAP_RELAY")
+    if wanted and os.environ.get("ESIWRAP_HOOK", "1") != "0":
         try:
             from esiwrap.integrations import activate
 
             activate()
         except Exception as exc:  # never break the user's interpreter
-            sys.stderr.write(f"esiwrap: integration hook not loaded: {exc!r}\n")
+            sys.stderr.write(
+                f"esiwrap: integration hook not loaded in {sys.executable}: {exc!r}; install esiwrap "
+                "in this environment, or set ESIWRAP_HOOK=0\n"
+            )
     _chain_next_sitecustomize(os.path.dirname(os.path.abspath(__file__)))
 
 
