@@ -203,9 +203,13 @@ def test_v1_loop_on_a_local_cluster_saves_without_save_freq(esiwrap: Any, short_
 def test_without_the_ray_hook_the_taskrunner_attaches_directly(esiwrap: Any, short_tmp: Path) -> None:
     """When Ray skips our runtime-env hook (as under `uv run`), the TaskRunner of a local cluster,
     hooked by the bootstrap it inherited, says hello itself and asks to be signalled (it descends
-    from esiwrap): the save still happens at the next boundary and is acknowledged. The driver,
-    which never said hello, is stopped with the default SIGTERM; exit 75, nothing left."""
-    run = verl_run(esiwrap, short_tmp, "v1", ray_env(short_tmp), "--skip-ray-env-hook")
+    from esiwrap): a save asked for by SIGTERM still happens at the next boundary and is
+    acknowledged. The driver, which never said hello, is stopped with the default SIGTERM; exit
+    75, nothing left."""
+    run = verl_run(esiwrap, short_tmp, "v1", ray_env(short_tmp), "--skip-ray-env-hook", redundant_s="60")
+    # nothing attaches before the loop starts: ask for the save (a SIGTERM) once it has
+    run.wait_event("trainer_attached", timeout=RAY_TIMEOUT_S)
+    run.proc.send_signal(signal.SIGTERM)
     code = run.finish(timeout=RAY_TIMEOUT_S)
     assert code == EXIT_CHECKPOINTED, (run.names(), run.other_lines[-30:])
     taskrunner = int((short_tmp / "taskrunner.pid").read_text())

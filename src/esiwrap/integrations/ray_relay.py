@@ -152,8 +152,9 @@ class _Driver:
         self.relay_id = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
         self._wake_r, wake_w = os.pipe()
         os.set_blocking(wake_w, False)
-        signal_flag.wake_fd = wake_w
         handled = install_signal_flag(replace=True)
+        if handled:
+            self._take_wakeup_fd(wake_w)
         import ray
 
         self.base_hello = {
@@ -165,24 +166,34 @@ class _Driver:
         self._thread.start()
         return self.relay_id
 
+    def _take_wakeup_fd(self, wake_w: int) -> None:
+        """Learn of the signal at delivery: the Python handler runs only when the main thread,
+        blocked in `ray.get`, next checks for signals (about once a second)."""
+        previous = signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
+        if previous != -1:  # the program's own: give it back, our handler writes to the pipe
+            signal.set_wakeup_fd(previous)
+            signal_flag.wake_fd = wake_w
+
     def _run(self) -> None:
         import contextlib
         import select
 
         kv: KvRelay | None = None
         last_error = ""
+        early = 0  # save signals seen on the wakeup fd, before the Python handler counted them
         while True:
             readable, _, _ = select.select([self._wake_r], [], [], RELAY_POLL_S)
             if readable:
                 with contextlib.suppress(OSError):
-                    os.read(self._wake_r, 512)
+                    early += os.read(self._wake_r, 512).count(bytes([signal_flag.signum or 0]))
             if kv is None:
                 kv = KvRelay.connect(self.relay_id)
                 if kv is None:
                     continue  # ray.init has not finished yet
             try:
-                if signal_flag.count > self.requests_sent:
-                    self.requests_sent = signal_flag.count
+                requested = max(signal_flag.count, early)  # both see every signal, one sooner
+                if requested > self.requests_sent:
+                    self.requests_sent = requested
                     kv.publish_request(self.requests_sent)
                 for message in kv.take_messages():
                     self._forward(message)
