@@ -88,7 +88,7 @@ class _Loop:
         transport.send(
             "hello", rank=0, world_size=1, saves=True, signal=not relayed, integration="verl",
             verl_version=getattr(verl, "__version__", "unknown"), loop=kind,
-            trainer=type(trainer).__qualname__, node=_node_ip(),
+            trainer=type(trainer).__qualname__ if trainer is not None else "", node=_node_ip(),
         )
         return True
 
@@ -270,11 +270,11 @@ def _wrap_save_checkpoint(cls: type) -> None:
     setattr(cls, "_save_checkpoint", _save_checkpoint)  # noqa: B010
 
 
-def _wrap_attach_on_fit(cls: type, kind: str) -> Any:
+def _wrap_attach_on_fit(cls: type, kind: str) -> None:
     """Attach when `fit` starts, so the first step's length is known too."""
     original = cls.__dict__.get("fit")
     if original is None or getattr(original, PATCHED, False):
-        return None
+        return
     import functools
 
     @functools.wraps(original)
@@ -285,7 +285,6 @@ def _wrap_attach_on_fit(cls: type, kind: str) -> Any:
 
     setattr(fit, PATCHED, True)
     setattr(cls, "fit", fit)  # noqa: B010
-    return fit
 
 
 # ---------------------------------------------------------------------- V1 loop
