@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 python3 -m venv .venv
 # torch first and pinned: the CPU wheel; anything unpinned could pull a multi-GB CUDA build
 .venv/bin/pip install --quiet --disable-pip-version-check torch==2.13.0
-.venv/bin/pip install --quiet --disable-pip-version-check -e '.[test,hf,lightning]'
+.venv/bin/pip install --quiet --disable-pip-version-check -e '.[test,verl,hf,lightning]'
 # systemd-analyze checks the shipped unit (tests/test_systemd_unit.py); PID 1 need not be systemd
 if ! command -v systemd-analyze >/dev/null; then
     apt-get update -qq && apt-get install -y -qq --no-install-recommends systemd >/dev/null

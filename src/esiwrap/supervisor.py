@@ -36,6 +36,7 @@ from esiwrap.errors import (
     Halt,
     exit_status_of,
 )
+from esiwrap.integrations import bootstrap_dir
 from esiwrap.log import get_logger
 from esiwrap.policy import (
     Observations,
@@ -769,6 +770,8 @@ def child_environment(base: Mapping[str, str], socket_path: str, config: Supervi
     env = {key: value for key, value in base.items() if key not in systemd.CHILD_UNSET}
     env[SOCKET_ENV] = socket_path
     env[SIGNAL_ENV] = process.signal_name(config.save_signal)
+    # Zero-code hooks (verl): our sitecustomize first, inert without the variables above.
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (bootstrap_dir(), base.get("PYTHONPATH", "")) if p)
     if config.run_id:
         env["ESIWRAP_RUN_ID"] = config.run_id
     return env

@@ -1,0 +1,315 @@
+"""Ray plumbing for the verl hook: esiwrap talks to the driver, the driver relays to the TaskRunner.
+
+esiwrap launches the Ray *driver*; verl's loop runs in a TaskRunner actor, maybe on another node.
+So the driver is the one process esiwrap signals and hears from:
+
+* `runtime_env_hook` runs inside the driver's `ray.init` (named by `RAY_RUNTIME_ENV_HOOK`). It
+  turns the driver into the relay (a save-signal handler, a hello with `stop_signal: SIGINT`, a
+  relay thread) and adds to the job's runtime env: our package (`py_modules`, so nodes without
+  esiwrap get it), `worker_process_setup_hook` (chained with the user's) and `ESIWRAP_RELAY`.
+* Save requests go down through Ray's internal KV: the driver bumps a counter, the TaskRunner
+  reads it at each step boundary (one KV get, well under a millisecond).
+* The TaskRunner's events go up the same way: it puts them under a key prefix, the driver's
+  thread forwards them to esiwrap's socket as its own messages. A relayed `hello` re-announces
+  the driver as the process that saves (`saves: true`), carrying the loop's details.
+* `worker_setup` runs in every worker of the job: a save-signal handler (a stray signal must
+  never kill a Ray worker) and the verl post-import hooks.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+
+from esiwrap.integrations import CHAINED_RAY_ENV_HOOK, RELAY_ENV
+
+TYPE_CHECKING = False  # workers import this at start-up: the typing module only for mypy
+if TYPE_CHECKING:
+    from types import FrameType
+    from typing import Any
+
+    from esiwrap.channel import ChannelClient
+
+__all__ = [
+    "KvRelay",
+    "install_signal_flag",
+    "prepare_worker",
+    "runtime_env_hook",
+    "signal_flag",
+    "worker_setup",
+]
+
+SIGNAL_ENV = "ESIWRAP_SIGNAL"  # as in esiwrap.channel, which is not imported in workers
+NAMESPACE = "esiwrap"
+SETUP_HOOK = "esiwrap.integrations.ray_relay.worker_setup"
+CHAINED_SETUP_HOOK_ENV = "ESIWRAP_CHAINED_SETUP_HOOK"
+RELAY_POLL_S = 0.2  # how often the driver looks for the TaskRunner's events
+HELLO_FIELDS_OWNED_BY_DRIVER = frozenset({"type", "pid", "signal", "stop_signal", "saves"})
+
+
+# ---------------------------------------------------------------------- the save-signal flag
+class _SignalFlag:
+    """Counts save signals; the handler only increments and, in the driver, wakes the relay."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.signum: int | None = None
+        self.wake_fd: int | None = None
+
+    def handler(self, signum: int, frame: FrameType | None) -> None:
+        self.count += 1
+        if self.wake_fd is not None:
+            try:  # noqa: SIM105 - contextlib is not worth its import here
+                os.write(self.wake_fd, b"!")
+            except OSError:
+                pass
+
+
+signal_flag = _SignalFlag()
+
+
+def save_signal() -> int:
+    name = os.environ.get(SIGNAL_ENV, "SIGUSR1").strip().upper()
+    member = getattr(signal.Signals, name if name.startswith("SIG") else "SIG" + name, None)
+    return int(member) if member is not None else int(signal.SIGUSR1)
+
+
+def install_signal_flag(*, replace: bool = False) -> bool:
+    """Count the save signal in this process instead of dying of it (main thread only).
+
+    Without `replace`, a handler the program installed itself is left alone."""
+    signum = save_signal()
+    if threading.current_thread() is not threading.main_thread():
+        return False
+    current = signal.getsignal(signum)
+    if current == signal_flag.handler:
+        return True
+    if not replace and current not in (signal.SIG_DFL, None):
+        return False
+    signal.signal(signum, signal_flag.handler)
+    signal_flag.signum = signum
+    return True
+
+
+# ---------------------------------------------------------------------- the driver
+def runtime_env_hook(runtime_env: dict[str, Any] | None) -> dict[str, Any]:
+    """`RAY_RUNTIME_ENV_HOOK`: called by `ray.init` in the driver, before it connects."""
+    chained = os.environ.get(CHAINED_RAY_ENV_HOOK)
+    if chained:
+        from ray._common.utils import load_class
+
+        runtime_env = load_class(chained)(runtime_env)  # type: ignore[no-untyped-call]
+    env: dict[str, Any] = dict(runtime_env or {})
+    relay_id = _driver().start()
+    env_vars = dict(env.get("env_vars") or {})
+    env_vars[RELAY_ENV] = relay_id
+    env_vars[SIGNAL_ENV] = os.environ.get(SIGNAL_ENV, "SIGUSR1")
+    user_hook = env.get("worker_process_setup_hook")
+    if isinstance(user_hook, str) and user_hook != SETUP_HOOK:
+        env_vars[CHAINED_SETUP_HOOK_ENV] = user_hook
+        env["worker_process_setup_hook"] = SETUP_HOOK
+    elif callable(user_hook):
+        env["worker_process_setup_hook"] = _chain_callable(user_hook)
+    else:
+        env["worker_process_setup_hook"] = SETUP_HOOK
+    env["env_vars"] = env_vars
+    package = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
+    modules = list(env.get("py_modules") or [])
+    if package not in modules:
+        modules.append(package)
+    env["py_modules"] = modules
+    return env
+
+
+def _chain_callable(user_hook: Any) -> Any:
+    def esiwrap_then_user_setup_hook() -> None:
+        worker_setup()
+        user_hook()
+
+    return esiwrap_then_user_setup_hook
+
+
+class _Driver:
+    """The relay between esiwrap's socket and the TaskRunner, living in the Ray driver."""
+
+    def __init__(self) -> None:
+        from esiwrap.channel import ChannelClient
+
+        self.relay_id = ""
+        self.client: ChannelClient = ChannelClient.from_env()
+        self.base_hello: dict[str, Any] = {}
+        self.requests_sent = 0
+        self._thread: threading.Thread | None = None
+        self._wake_r = -1
+
+    def start(self) -> str:
+        if self._thread is not None:
+            return self.relay_id
+        import uuid
+
+        self.relay_id = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
+        self._wake_r, wake_w = os.pipe()
+        os.set_blocking(wake_w, False)
+        handled = install_signal_flag(replace=True)
+        if handled:
+            self._take_wakeup_fd(wake_w)
+        import ray
+
+        self.base_hello = {
+            "rank": 0, "world_size": 1, "signal": handled, "stop_signal": "SIGINT",
+            "integration": "verl", "role": "ray-driver", "ray_version": ray.__version__,
+        }
+        self.client.send("hello", saves=False, **self.base_hello)
+        self._thread = threading.Thread(target=self._run, name="esiwrap-relay", daemon=True)
+        self._thread.start()
+        return self.relay_id
+
+    def _take_wakeup_fd(self, wake_w: int) -> None:
+        """Learn of the signal at delivery: the Python handler runs only when the main thread,
+        blocked in `ray.get`, next checks for signals (about once a second)."""
+        previous = signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
+        if previous != -1:  # the program's own: give it back, our handler writes to the pipe
+            signal.set_wakeup_fd(previous)
+            signal_flag.wake_fd = wake_w
+
+    def _run(self) -> None:
+        import contextlib
+        import select
+
+        kv: KvRelay | None = None
+        last_error = ""
+        early = 0  # save signals seen on the wakeup fd, before the Python handler counted them
+        while True:
+            readable, _, _ = select.select([self._wake_r], [], [], RELAY_POLL_S)
+            if readable:
+                with contextlib.suppress(OSError):
+                    early += os.read(self._wake_r, 512).count(bytes([signal_flag.signum or 0]))
+            if kv is None:
+                kv = KvRelay.connect(self.relay_id)
+                if kv is None:
+                    continue  # ray.init has not finished yet
+            try:
+                requested = max(signal_flag.count, early)  # both see every signal, one sooner
+                if requested > self.requests_sent:
+                    self.requests_sent = requested
+                    kv.publish_request(self.requests_sent)
+                for message in kv.take_messages():
+                    self._forward(message)
+            except Exception as exc:  # Ray shutting down: the driver is exiting anyway
+                if _ray_gone():
+                    return
+                if repr(exc) != last_error:  # once per kind of trouble, not five times a second
+                    last_error = repr(exc)
+                    print(f"esiwrap: relay: {last_error}", file=sys.stderr)
+
+    def _forward(self, message: dict[str, Any]) -> None:
+        kind = str(message.pop("type", ""))
+        origin = message.pop("pid", None)
+        if kind == "hello":
+            fields = {k: v for k, v in message.items() if k not in HELLO_FIELDS_OWNED_BY_DRIVER}
+            fields = {**fields, **self.base_hello, "role": "ray-driver, relaying the verl loop"}
+            fields["relayed_from"] = {"pid": origin, "node": message.get("node")}
+            self.client.send("hello", saves=True, **fields)
+        elif kind:
+            self.client.send(kind, **message)
+
+
+_driver_singleton: _Driver | None = None
+
+
+def _driver() -> _Driver:
+    global _driver_singleton
+    if _driver_singleton is None:
+        _driver_singleton = _Driver()
+    return _driver_singleton
+
+
+def _ray_gone() -> bool:
+    ray = sys.modules.get("ray")
+    return ray is None or not ray.is_initialized()
+
+
+# ---------------------------------------------------------------------- the workers
+def prepare_worker() -> None:
+    """What every Ray worker of esiwrap's job needs; idempotent (bootstrap and setup hook)."""
+    install_signal_flag()
+    from esiwrap.integrations import install_verl_hooks
+
+    install_verl_hooks()
+
+
+def worker_setup() -> None:
+    """`worker_process_setup_hook` of the job: runs first in every Ray worker process."""
+    prepare_worker()
+    chained = os.environ.get(CHAINED_SETUP_HOOK_ENV)
+    if chained:
+        from ray._common.utils import load_class
+
+        load_class(chained)()  # type: ignore[no-untyped-call]
+
+
+class KvRelay:
+    """The TaskRunner's (and the driver's) view of the relay keys in Ray's internal KV."""
+
+    def __init__(self, relay_id: str, kv: Any) -> None:
+        self._kv = kv
+        self._prefix = f"{relay_id}/"
+        self._sent = 0
+
+    @classmethod
+    def connect(cls, relay_id: str) -> KvRelay | None:
+        """None until this process is connected to Ray."""
+        ray = sys.modules.get("ray")
+        if ray is None or not ray.is_initialized():
+            return None
+        from ray.experimental import internal_kv
+
+        return cls(relay_id, internal_kv)
+
+    @classmethod
+    def from_env(cls) -> KvRelay | None:
+        relay_id = os.environ.get(RELAY_ENV)
+        return cls.connect(relay_id) if relay_id else None
+
+    # down: save requests
+    def publish_request(self, count: int) -> None:
+        self._kv._internal_kv_put(self._prefix + "request", str(count), overwrite=True, namespace=NAMESPACE)
+
+    def request_count(self) -> int:
+        raw = self._kv._internal_kv_get(self._prefix + "request", namespace=NAMESPACE)
+        try:
+            return int(raw) if raw else 0
+        except ValueError:
+            return 0
+
+    # up: the loop's events
+    def send(self, message_type: str, **fields: Any) -> bool:
+        """Like `ChannelClient.send`: never raises into the training loop."""
+        import json
+        import time
+
+        self._sent += 1
+        key = f"{self._prefix}msg/{time.time_ns():020d}-{os.getpid()}-{self._sent:08d}"
+        payload = {"type": message_type, "pid": os.getpid(), **fields}
+        try:
+            self._kv._internal_kv_put(key, json.dumps(payload), overwrite=True, namespace=NAMESPACE)
+        except Exception:
+            return False
+        return True
+
+    def take_messages(self) -> list[dict[str, Any]]:
+        import contextlib
+        import json
+
+        keys = self._kv._internal_kv_list(self._prefix + "msg/", namespace=NAMESPACE)
+        messages = []
+        for key in sorted(keys):
+            raw = self._kv._internal_kv_get(key, namespace=NAMESPACE)
+            self._kv._internal_kv_del(key, namespace=NAMESPACE)
+            with contextlib.suppress(ValueError, TypeError):
+                message = json.loads(raw)
+                if isinstance(message, dict):
+                    messages.append(message)
+        return messages

@@ -1,0 +1,327 @@
+"""verl with no code change: both PPO loops save at the step boundary after esiwrap asks.
+
+Loaded by post-import hooks (`esiwrap.integrations.install_verl_hooks`) in esiwrap's processes, it
+touches verl only when a trainer module is imported, and only these names:
+
+* legacy loop (`RayPPOTrainer.fit`, and the experimental trainers built on it): the name
+  `should_save_ckpt_esi` bound in each trainer module is replaced by "a save was requested".
+  The call, once per step, is also the step boundary reported to esiwrap. verl saves only when
+  `trainer.save_freq > 0` (default -1); with a smaller value the hook saves itself through the
+  trainer's own `_save_checkpoint` and tells verl not to.
+* V1 loop (`PPOTrainer`, the default): at the end of each step (`on_step_end`, where verl's own
+  periodic save sits), a requested save runs through verl's `_save_checkpoint` when verl has not
+  just saved this step itself.
+* `_save_checkpoint` of both is wrapped to report `save_begin`/`save_end` (step, path, duration).
+  `save_end` is sent only once `latest_checkpointed_iteration.txt` names the step; with
+  `async_save` the save is finalized first when esiwrap asked for it, else reported when the
+  tracker shows it at a later boundary.
+
+verl's own `MLP_…`/`SAGEMAKER_…` expiry check is not called while the hook is active: esiwrap
+decides, so there is one save, once.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+TYPE_CHECKING = False  # loaded at every Ray worker's start-up: the typing module only for mypy
+if TYPE_CHECKING:
+    from types import ModuleType
+    from typing import Any
+
+__all__ = ["LEGACY_MODULES", "V1_MODULE", "loop", "patch_module"]
+
+LEGACY_MODULES = (
+    "verl.trainer.ppo.ray_trainer",
+    "verl.experimental.separation.ray_trainer",
+    "verl.experimental.fully_async_policy.fully_async_trainer",
+)
+V1_MODULE = "verl.trainer.ppo.v1.trainer_base"
+TRACKER = "latest_checkpointed_iteration.txt"
+PATCHED = "__esiwrap_patched__"
+
+
+def patch_module(module: ModuleType) -> None:
+    """Called by the post-import hook (`esiwrap.integrations.install_verl_hooks`)."""
+    if module.__name__ == V1_MODULE:
+        patch_v1_module(module)
+    elif module.__name__ in LEGACY_MODULES:
+        patch_legacy_module(module)
+
+
+# ---------------------------------------------------------------------- the loop's state
+class _Loop:
+    """What this process knows about the verl loop running in it (one per process)."""
+
+    def __init__(self) -> None:
+        self.transport: Any = None
+        self.kind = ""
+        self.requests_handled = 0  # relayed requests satisfied by a completed save
+        self.signals_handled = 0  # save signals received by this process itself
+        self.last_boundary: float | None = None
+        self.last_saved_step: int | None = None
+        self.depth = 0  # nested _save_checkpoint calls (a subclass calling super)
+        self.pending: list[tuple[Any, int, str, float, int]] = []  # async saves not yet final
+
+    # -- attaching
+    def attach(self, kind: str, trainer: object) -> bool:
+        if self.transport is not None:
+            return True
+        from esiwrap.integrations import ray_relay
+
+        transport: Any = ray_relay.KvRelay.from_env()
+        relayed = transport is not None
+        if not relayed and os.environ.get("ESIWRAP_SOCKET"):
+            # No driver relay (Ray skipped our runtime-env hook): talk to esiwrap directly and
+            # be signalled directly, which works where this process descends from esiwrap.
+            transport = _DirectChannel()
+        if transport is None:
+            return False
+        handled = ray_relay.install_signal_flag()
+        if not relayed and not handled:
+            return False  # signalled directly but cannot count the signal: leave verl as it is
+        self.transport = transport
+        self.kind = kind
+        verl = sys.modules.get("verl")
+        transport.send(
+            "hello", rank=0, world_size=1, saves=True, signal=not relayed, integration="verl",
+            verl_version=getattr(verl, "__version__", "unknown"), loop=kind,
+            trainer=type(trainer).__qualname__ if trainer is not None else "", node=_node_ip(),
+        )
+        return True
+
+    # -- requests
+    def _request_count(self) -> int:
+        try:
+            return int(self.transport.request_count())
+        except Exception:
+            return self.requests_handled
+
+    def _signal_count(self) -> int:
+        from esiwrap.integrations.ray_relay import signal_flag
+
+        return signal_flag.count
+
+    def save_requested(self) -> bool:
+        if self.transport is None:
+            return False
+        return self._request_count() > self.requests_handled or self._signal_count() > self.signals_handled
+
+    # -- events
+    def boundary(self, step: int) -> None:
+        now = time.monotonic()
+        if self.last_boundary is not None:
+            self.transport.send("step", step=int(step), duration_s=round(now - self.last_boundary, 6))
+        self.last_boundary = now
+        self._finish_pending()
+
+    def saved(self, trainer: Any, original: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Run verl's `_save_checkpoint` and report it; the outermost call only."""
+        if self.depth or self.transport is None:
+            return original(trainer, *args, **kwargs)
+        step = _checkpoint_step(trainer)
+        root = str(trainer.config.trainer.default_local_dir)
+        path = os.path.join(root, f"global_step_{step}")
+        requests, signals = self._request_count(), self._signal_count()
+        requested = requests > self.requests_handled or signals > self.signals_handled
+        self.transport.send("save_begin", step=step)
+        started = time.monotonic()
+        self.depth += 1
+        try:
+            result = original(trainer, *args, **kwargs)
+        except BaseException as exc:
+            self.transport.send("save_end", step=step, ok=False, path=path, error=repr(exc)[:500],
+                                duration_s=round(time.monotonic() - started, 6))
+            raise
+        finally:
+            self.depth -= 1
+        self.last_saved_step = step
+        if not _tracker_holds(root, step) and requested:
+            _finalize_async_save(trainer)
+        if _tracker_holds(root, step):
+            self._acknowledge(step, path, started, requests, signals)
+        else:
+            self.pending.append((trainer, step, path, started, requests))
+        return result
+
+    def _acknowledge(self, step: int, path: str, started: float, requests: int, signals: int) -> None:
+        self.requests_handled = max(self.requests_handled, requests)
+        self.signals_handled = max(self.signals_handled, signals)
+        self.transport.send("save_end", step=step, ok=True, path=path,
+                            duration_s=round(time.monotonic() - started, 6))
+
+    def _finish_pending(self) -> None:
+        still = []
+        for trainer, step, path, started, requests in self.pending:
+            root = str(trainer.config.trainer.default_local_dir)
+            if _tracker_holds(root, step):
+                self._acknowledge(step, path, started, requests, self.signals_handled)
+            else:
+                still.append((trainer, step, path, started, requests))
+        self.pending = still
+
+
+loop = _Loop()
+
+
+class _DirectChannel:
+    """esiwrap's socket without the relay: requests arrive as signals, never through the KV."""
+
+    def __init__(self) -> None:
+        from esiwrap.channel import ChannelClient
+
+        self._client = ChannelClient.from_env()
+
+    def send(self, message_type: str, **fields: Any) -> bool:
+        return self._client.send(message_type, **fields)
+
+    def request_count(self) -> int:
+        return 0
+
+
+def _checkpoint_step(trainer: Any) -> int:
+    """The step verl names the checkpoint after (the fully-async trainer counts versions)."""
+    if "current_param_version" in vars(trainer) and hasattr(type(trainer), "_fit_save_checkpoint"):
+        return int(trainer.current_param_version)
+    return int(getattr(trainer, "global_steps", 0))
+
+
+def _tracker_holds(root: str, step: int) -> bool:
+    """verl's resume point names `step` (or later): the checkpoint is complete on disk."""
+    try:
+        with open(os.path.join(root, TRACKER)) as tracker:
+            return int(tracker.read().strip()) >= step
+    except (OSError, ValueError):
+        return False
+
+
+def _finalize_async_save(trainer: Any) -> None:
+    """Wait for an async save esiwrap asked for: the instance may be gone soon after."""
+    finalize = getattr(getattr(trainer, "actor_rollout_wg", None), "async_calls_finalize_fn_exec", None)
+    if callable(finalize):
+        finalize(blocking=True)
+
+
+def _save_freq(trainer: Any) -> int:
+    try:
+        return int(trainer.config.trainer.save_freq)
+    except (AttributeError, TypeError, ValueError):
+        return 0
+
+
+def _node_ip() -> str:
+    try:
+        import ray
+
+        return str(ray.util.get_node_ip_address())  # type: ignore[no-untyped-call]
+    except Exception:
+        return ""
+
+
+# ---------------------------------------------------------------------- legacy loop
+def patch_legacy_module(module: ModuleType) -> None:
+    """Replace `should_save_ckpt_esi` as bound in this trainer module; wrap its trainers' saves."""
+    original = getattr(module, "should_save_ckpt_esi", None)
+    if callable(original) and not getattr(original, PATCHED, False):
+        setattr(module, "should_save_ckpt_esi", _legacy_decision(original))  # noqa: B010
+    for value in list(vars(module).values()):
+        if isinstance(value, type) and value.__module__ == module.__name__:
+            _wrap_save_checkpoint(value)
+            if value.__name__ == "RayPPOTrainer":
+                _wrap_attach_on_fit(value, "legacy")
+
+
+def _legacy_decision(original: Any) -> Any:
+    import functools
+
+    @functools.wraps(original)
+    def should_save_ckpt_esi(
+        max_steps_duration: float = 0, save_ckpt_duration: float = 60, redundant_time: float = 0
+    ) -> bool:
+        # The caller is the trainer's method (fit, _fit_save_checkpoint): its `self` is the trainer.
+        trainer = sys._getframe(1).f_locals.get("self")
+        if not loop.attach("legacy", trainer):
+            return bool(original(max_steps_duration, save_ckpt_duration, redundant_time))
+        loop.boundary(_checkpoint_step(trainer) if trainer is not None else 0)
+        if not loop.save_requested():
+            return False
+        if trainer is not None and hasattr(trainer, "_save_checkpoint") and _save_freq(trainer) <= 0:
+            trainer._save_checkpoint()  # verl would not save with save_freq <= 0
+            return False
+        return True
+
+    setattr(should_save_ckpt_esi, PATCHED, True)
+    return should_save_ckpt_esi
+
+
+def _wrap_save_checkpoint(cls: type) -> None:
+    original = cls.__dict__.get("_save_checkpoint")
+    if original is None or getattr(original, PATCHED, False):
+        return
+    import functools
+
+    @functools.wraps(original)
+    def _save_checkpoint(self: Any, *args: Any, **kwargs: Any) -> Any:
+        return loop.saved(self, original, args, kwargs)
+
+    setattr(_save_checkpoint, PATCHED, True)
+    setattr(cls, "_save_checkpoint", _save_checkpoint)  # noqa: B010
+
+
+def _wrap_attach_on_fit(cls: type, kind: str) -> None:
+    """Attach when `fit` starts, so the first step's length is known too."""
+    original = cls.__dict__.get("fit")
+    if original is None or getattr(original, PATCHED, False):
+        return
+    import functools
+
+    @functools.wraps(original)
+    def fit(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if loop.attach(kind, self) and loop.last_boundary is None:
+            loop.last_boundary = time.monotonic()
+        return original(self, *args, **kwargs)
+
+    setattr(fit, PATCHED, True)
+    setattr(cls, "fit", fit)  # noqa: B010
+
+
+# ---------------------------------------------------------------------- V1 loop
+def patch_v1_module(module: ModuleType) -> None:
+    """Wrap `PPOTrainer`: attach at `fit`, save-if-requested and boundary at `on_step_end`."""
+    cls = getattr(module, "PPOTrainer", None)
+    if not isinstance(cls, type):
+        return
+    _wrap_save_checkpoint(cls)
+    original_fit = cls.__dict__.get("fit")
+    if original_fit is None or getattr(original_fit, PATCHED, False):
+        return
+    import functools
+
+    @functools.wraps(original_fit)
+    def fit(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if not loop.attach("v1", self):
+            return original_fit(self, *args, **kwargs)
+        if loop.last_boundary is None:
+            loop.last_boundary = time.monotonic()
+        # An instance attribute shadows the subclass's on_step_end for this fit only.
+        self.on_step_end = _v1_step_end(self, self.on_step_end)
+        try:
+            return original_fit(self, *args, **kwargs)
+        finally:
+            vars(self).pop("on_step_end", None)
+
+    setattr(fit, PATCHED, True)
+    setattr(cls, "fit", fit)  # noqa: B010
+
+
+def _v1_step_end(trainer: Any, on_step_end: Any) -> Any:
+    def on_step_end_then_boundary(*args: Any, **kwargs: Any) -> Any:
+        if loop.save_requested() and loop.last_saved_step != trainer.global_steps:
+            trainer._save_checkpoint()  # where verl's periodic save sits, whatever save_freq says
+        result = on_step_end(*args, **kwargs)
+        loop.boundary(trainer.global_steps)
+        return result
+
+    return on_step_end_then_boundary
