@@ -6,6 +6,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import freezegun
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -19,6 +20,14 @@ NO_METADATA_URL = "http://127.0.0.1:9"
 os.environ["ESIWRAP_METADATA_URL"] = NO_METADATA_URL
 os.environ["ESIWRAP_AWS_METADATA_URL"] = NO_METADATA_URL
 os.environ["VOLCENGINE_ECS_METADATA_DISABLED"] = "true"  # the SDK's IAM-role credential lookup
+
+# freezegun patches time functions by scanning every loaded module; the frameworks some tests load
+# into this process (Lightning pulls transformers' lazy modules) crash that scan. They never need
+# frozen time, so it skips them.
+freezegun.configure(extend_ignore_list=[
+    "torch", "lightning", "pytorch_lightning", "lightning_utilities", "transformers", "accelerate",
+    "ray", "verl", "numpy", "safetensors", "tokenizers", "huggingface_hub",
+])
 
 pytest_plugins = ["fakes.fixtures"]  # fake_metadata, fake_api, cloud_env, ... (tests/fakes/)
 
