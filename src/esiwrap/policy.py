@@ -152,6 +152,25 @@ def next_save(
     return plan if plan.signal_at >= now else None
 
 
+def replan(
+    deadline: float,
+    obs: Observations,
+    config: PolicyConfig,
+    saves_done: int,
+    decided: SavePlan | None,
+    now: float,
+) -> SavePlan | None:
+    """What the supervisor does on every input change (a step, an acknowledged save, a deadline).
+
+    With no save decided yet, decide with `next_save` whether there is a next one at all (None:
+    no further save fits, stop). Once decided, the kind is kept and only its moment moves as the
+    estimates and the deadline change.
+    """
+    if decided is None:
+        return next_save(deadline, obs, config, saves_done, now)
+    return plan_save(deadline, obs, config, decided.kind)
+
+
 def needed_s(plan: SavePlan) -> float:
     """How long before the deadline the plan needs its signal."""
     return plan.step_estimate_s + plan.save_estimate_s + plan.reserve_s
