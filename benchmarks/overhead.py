@@ -17,6 +17,7 @@ import json
 import os
 import platform
 import re
+import resource
 import shutil
 import signal
 import statistics
@@ -36,6 +37,21 @@ PIN_ENV = "ESIWRAP_OVERHEAD_CPU"  # the trainer child pins itself to this core
 
 
 # ---------------------------------------------------------------------------------- helpers
+def child_env() -> dict[str, str]:
+    """Ours, without a surrounding esiwrap's socket, and with bytecode caching on: a user's
+    install has .pyc files, while PYTHONDONTWRITEBYTECODE (set on some machines, this one
+    included) would recompile esiwrap's modules at every start and bill that to esiwrap."""
+    return {k: v for k, v in os.environ.items() if k not in ("ESIWRAP_SOCKET", "PYTHONDONTWRITEBYTECODE")}
+
+
+def warm_up(python: str) -> None:
+    """Write the bytecode caches and page the files in before anything is timed."""
+    code = "import esiwrap.cli, esiwrap.log, esiwrap.supervisor, esiwrap.trainer"
+    subprocess.run([python, "-c", code], env=child_env(), check=True)
+    subprocess.run([*esiwrap_command(python), "--", "true"], env=child_env(), stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL, check=True)
+
+
 def esiwrap_command(python: str = sys.executable) -> list[str]:
     """The console script installed next to `python`, else `python -m esiwrap`."""
     script = Path(python).parent / "esiwrap"
@@ -72,7 +88,7 @@ def idle_supervisor(seconds: float) -> dict[str, Any]:
     """esiwrap supervising `sleep` with a deadline hours away: CPU over the window, RSS at its end."""
     settle = min(2.0, seconds / 4)
     cmd = [*esiwrap_command(), "--deadline", "+2h", "--on-sigterm", "forward", "--", "sleep", "3600"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=child_env())
     try:
         sup = psutil.Process(proc.pid)
         time.sleep(settle)  # start-up is measured separately; this is the idle loop alone
@@ -105,20 +121,26 @@ def wrap_overhead(repeat: int) -> dict[str, Any]:
     commands = {"esiwrap": [*esiwrap_command(), "--", true], "true": [true],
                 "python": [sys.executable, "-c", "pass"]}
     times: dict[str, list[float]] = {name: [] for name in commands}
+    cpu: dict[str, list[float]] = {name: [] for name in commands}  # user + system, less load-sensitive
     for _ in range(repeat):
         for name, cmd in commands.items():
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
             started = time.perf_counter()
-            subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
+            subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=child_env(),
+                           check=True)
             times[name].append(time.perf_counter() - started)
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            cpu[name].append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
     added = [w - b for w, b in zip(times["esiwrap"], times["true"], strict=True)]
     supervised = []
     for _ in range(min(repeat, 10)):
         result = subprocess.run(commands["esiwrap"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                text=True, check=True)
+                                text=True, env=child_env(), check=True)
         supervised.append(_log_span_s(result.stderr, "child_started", "supervisor_exit"))
     return {"esiwrap_true_ms": spread(times["esiwrap"], 1000), "true_ms": spread(times["true"], 1000),
             "python_pass_ms": spread(times["python"], 1000), "added_ms": spread(added, 1000),
-            "child_started_to_exit_ms": spread(supervised, 1000)}
+            "child_started_to_exit_ms": spread(supervised, 1000),
+            "cpu_ms": {name: spread(values, 1000) for name, values in cpu.items()}}
 
 
 def _log_span_s(log: str, first: str, last: str) -> float:
@@ -180,7 +202,7 @@ def trainer_cost(calls: int, pace_s: float) -> dict[str, Any]:
     """
     me = [sys.executable, os.path.abspath(__file__)]
     out: dict[str, Any] = {}
-    env = {k: v for k, v in os.environ.items() if k != "ESIWRAP_SOCKET"}
+    env = child_env()
     cores = sorted(os.sched_getaffinity(0))
     pinned = len(cores) >= 2
     if pinned:
@@ -243,7 +265,7 @@ def signal_target_child(count: int) -> None:
 
 
 def signal_latency(count: int) -> dict[str, Any]:
-    env = {k: v for k, v in os.environ.items() if k != "ESIWRAP_SOCKET"}
+    env = child_env()
     child = subprocess.Popen([sys.executable, os.path.abspath(__file__), "_signal-target", str(count)],
                              stdout=subprocess.PIPE, env=env, text=True)
     assert child.stdout is not None
@@ -267,7 +289,7 @@ def import_times(python: str, repeat: int) -> dict[str, Any]:
     for target in IMPORT_TARGETS:
         totals = []
         for _ in range(repeat):
-            result = subprocess.run([python, "-X", "importtime", "-c", f"import {target}"],
+            result = subprocess.run([python, "-X", "importtime", "-c", f"import {target}"], env=child_env(),
                                     stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, check=True)
             totals.append(_top_level_total_us(result.stderr))
         out[target] = {"ms": spread(totals, 1e-3)}
@@ -278,12 +300,13 @@ def import_times(python: str, repeat: int) -> dict[str, Any]:
         f"print(json.dumps([m for m in {list(HEAVY_MODULES)!r} if m in sys.modules]), file=sys.stderr)\n"
     )
     result = subprocess.run([python, "-c", probe], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True, check=True)
+                            text=True, env=child_env(), check=True)
     out["help_heavy_modules"] = json.loads(result.stderr.strip().splitlines()[-1])
     walls = []
     for _ in range(repeat):
         started = time.perf_counter()
-        subprocess.run([*esiwrap_command(python), "--help"], stdout=subprocess.DEVNULL, check=True)
+        subprocess.run([*esiwrap_command(python), "--help"], stdout=subprocess.DEVNULL, env=child_env(),
+                       check=True)
         walls.append(time.perf_counter() - started)
     out["help_wall_ms"] = spread(walls, 1000)
     out["extras"] = {m: _installed_in(python, m) for m in ("torch", "volcenginesdkcore", "verl")}
@@ -304,7 +327,7 @@ def _top_level_total_us(stderr: str) -> float:
 
 def _installed_in(python: str, module: str) -> bool:
     code = f"import importlib.util, sys; sys.exit(0 if importlib.util.find_spec({module!r}) else 1)"
-    return subprocess.run([python, "-c", code], check=False).returncode == 0
+    return subprocess.run([python, "-c", code], env=child_env(), check=False).returncode == 0
 
 
 # ---------------------------------------------------------------------------------- report
@@ -336,6 +359,8 @@ def markdown(r: dict[str, Any]) -> str:
             f"| `esiwrap -- true`, ms, median (p10, p90) of {wrap['added_ms']['n']} | "
             f"{_fmt(wrap['esiwrap_true_ms'])} | |",
             f"| `true`, ms | {_fmt(wrap['true_ms'])} | |",
+            f"| CPU time (user + system) of `esiwrap -- true`, ms; of `python -c pass` | "
+            f"{_fmt(wrap['cpu_ms']['esiwrap'])}; {_fmt(wrap['cpu_ms']['python'])} | |",
             f"| added by esiwrap, ms | {_fmt(wrap['added_ms'])} | ≤ 150 ms |",
             f"| of which Python start-up (`python -c pass`), ms | {_fmt(wrap['python_pass_ms'])} | |",
             f"| of which supervision (log: `child_started` → `supervisor_exit`), ms | "
@@ -395,6 +420,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     signals = ns.signals or (100 if quick else 1000)
     only = set((ns.only or "idle,wrap,trainer,signal,imports").split(","))
     report: dict[str, Any] = {"machine": machine()}
+    warm_up(sys.executable)
+    if ns.bare_python:
+        warm_up(ns.bare_python)
     if "idle" in only:
         report["idle"] = idle_supervisor(idle_s)
     if "wrap" in only:
