@@ -284,14 +284,16 @@ def signal_latency(count: int) -> dict[str, Any]:
 
 # ---------------------------------------------------------------------------------- 5. imports
 def import_times(python: str, repeat: int) -> dict[str, Any]:
-    """`-X importtime` totals (top-level entries' cumulative) per module, and what --help loads."""
+    """`-X importtime` per module (what `import X` adds to `pass`), and what --help loads."""
     out: dict[str, Any] = {"python": python}
+
+    def total_us(statement: str) -> float:
+        result = subprocess.run([python, "-X", "importtime", "-c", statement], env=child_env(),
+                                stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, check=True)
+        return _top_level_total_us(result.stderr)
+
     for target in IMPORT_TARGETS:
-        totals = []
-        for _ in range(repeat):
-            result = subprocess.run([python, "-X", "importtime", "-c", f"import {target}"], env=child_env(),
-                                    stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, check=True)
-            totals.append(_top_level_total_us(result.stderr))
+        totals = [total_us(f"import {target}") - total_us("pass") for _ in range(repeat)]
         out[target] = {"ms": spread(totals, 1e-3)}
     probe = (
         "import sys, json\n"
