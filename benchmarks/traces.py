@@ -74,7 +74,7 @@ def _positive(value: float, floor: float) -> float:
     return max(value, floor)
 
 
-def _fill(rng: random.Random, until: float, step: Callable[[int], float], save: Callable[[int, float], float],
+def _fill(until: float, step: Callable[[int], float], save: Callable[[int, float], float],
           ) -> tuple[list[float], list[float]]:
     """Steps until their sum passes `until` (no policy can get further), with each one's save."""
     steps: list[float] = []
@@ -97,7 +97,7 @@ def _scenario(family: str, rng: random.Random, p: Params, step: Callable[[int], 
               save: Callable[[int, float], float]) -> Scenario:
     deadline = p.horizon_s * rng.uniform(0.9, 1.1)
     reclaim_at = deadline - _early(rng, p)
-    steps, saves = _fill(rng, reclaim_at, step, save)
+    steps, saves = _fill(reclaim_at, step, save)
     return Scenario(family, steps, saves, deadline, reclaim_at)
 
 
@@ -152,7 +152,7 @@ def moving(rng: random.Random, p: Params) -> Scenario:
     noticed_at = rng.uniform(first, renewed - notice)
     final = noticed_at + notice
     reclaim_at = final - _early(rng, p)
-    steps, saves = _fill(rng, reclaim_at, lambda k: p.step_s, lambda k, at: p.save_s)
+    steps, saves = _fill(reclaim_at, lambda k: p.step_s, lambda k, at: p.save_s)
     changes = [DeadlineChange(renewed_at, renewed), DeadlineChange(noticed_at, final)]
     return Scenario("moving", steps, saves, first, reclaim_at, changes)
 
