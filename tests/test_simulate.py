@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import sys
+import time
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -14,6 +16,7 @@ import simulate
 from runners import run_esiwrap, run_oracle, run_verl, verl_wants_save
 from traces import FAMILIES, Params, Scenario, generate
 
+from esiwrap.errors import EXIT_CHECKPOINTED
 from esiwrap.policy import PolicyConfig
 
 STEP_S, DEADLINE_S = 7.0, 1000.0  # 1000 is not a multiple of 7: no boundary ties the deadline
@@ -112,3 +115,27 @@ def test_unknown_policy_is_refused_in_one_line() -> None:
     """A policy name that is not oracle/verl/esiwrap stops before any work."""
     with pytest.raises(SystemExit, match="unknown"):
         simulate.make_runner("random --p 0.5")
+
+
+def test_the_simulated_supervisor_saves_where_the_real_one_did(esiwrap) -> None:
+    """Fed the step and save times a real run measured, the simulator's model of the supervisor
+    saves the same number of times at the same last step as the real esiwrap (within one step:
+    on a loaded machine the real timer can fire late)."""
+    child = Path(__file__).resolve().parent / "children" / "sleep_trainer.py"
+    deadline = time.time() + 9.0
+    run = esiwrap("--deadline", f"{deadline:.3f}", "--redundant-time", "1.5", "--save-duration", "0.3",
+                  "--final-margin", "0.3", "--log-level", "debug", "--", sys.executable, str(child),
+                  "0.3", "0.2")
+    assert run.finish(timeout=60) == EXIT_CHECKPOINTED
+    attached = datetime.fromisoformat(run.first("trainer_attached")["timestamp"].replace("Z", "+00:00"))
+    steps = [e["duration_s"] for e in run.events if e["event"] == "step_observed"]
+    completed = [e for e in run.events if e["event"] == "save_completed"]
+    assert [e["kind"] for e in completed][:1] == ["insurance"]
+    horizon = deadline - attached.timestamp()
+    steps += [0.3] * 20  # the steps the real run did not live to make
+    scenario = Scenario("real", steps, [max(e["duration_s"] for e in completed)] * len(steps),
+                        horizon, horizon)
+    outcome = run_esiwrap(scenario, PolicyConfig(redundant_s=1.5, save_duration_s=0.3, final_margin_s=0.3))
+    assert outcome.saved_step is not None
+    assert abs(outcome.saved_step - completed[-1]["step"]) <= 1, (outcome, completed)
+    assert abs(outcome.saves - len(completed)) <= 1
