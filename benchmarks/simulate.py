@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, fields
-from typing import Any
+from typing import Any, NoReturn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -65,8 +65,13 @@ def make_runner(spec: str) -> Runner:
         values = resolve_options(build_run_parser().parse_args(args), RUN_OPTIONS, {})
         config = policy_config(values)
         return lambda scenario: run_esiwrap(scenario, config)
-    sys.exit(f"simulate.py: --policy {spec!r}: unknown; use 'oracle', 'verl [--esi-redundant-time S]' "
-             "or 'esiwrap [RUN OPTIONS]'")
+    usage_error(f"--policy {spec!r}: unknown; use 'oracle', 'verl [--esi-redundant-time S]' "
+                "or 'esiwrap [RUN OPTIONS]'")
+
+
+def usage_error(message: str) -> NoReturn:
+    print(f"simulate.py: {message}", file=sys.stderr)
+    raise SystemExit(2)
 
 
 @dataclass(frozen=True)
@@ -239,7 +244,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     families = [f.strip() for f in ns.families.split(",") if f.strip()]
     unknown = [f for f in families if f not in FAMILIES]
     if unknown:
-        sys.exit(f"simulate.py: --families: unknown {', '.join(unknown)}; choose from {', '.join(FAMILIES)}")
+        usage_error(f"--families: unknown {', '.join(unknown)}; choose from {', '.join(FAMILIES)}")
     policies = ns.policies or list(DEFAULT_POLICIES)
     for spec in policies:
         make_runner(spec)  # refuse a bad name before any work

@@ -111,10 +111,13 @@ def test_command_line_prints_tables_and_writes_json(
     assert results[("constant", "esiwrap")]["runs"] == 5
 
 
-def test_unknown_policy_is_refused_in_one_line() -> None:
-    """A policy name that is not oracle/verl/esiwrap stops before any work."""
-    with pytest.raises(SystemExit, match="unknown"):
-        simulate.make_runner("random --p 0.5")
+def test_unknown_policy_is_refused_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    """A policy name that is not oracle/verl/esiwrap stops before any work: one line, exit 2."""
+    with pytest.raises(SystemExit) as exit_info:
+        simulate.main(["--policy", "random --p 0.5"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "unknown" in err and "esiwrap [RUN OPTIONS]" in err
 
 
 def test_the_simulated_supervisor_saves_where_the_real_one_did(esiwrap) -> None:
