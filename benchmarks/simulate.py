@@ -225,6 +225,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="save-drift: growth, as a fraction of --save, by the deadline")
     g.add_argument("--renewal", type=float, default=d.renewal_s, help="moving: seconds added by the renewal")
     g.add_argument("--notice", type=_pair, default=d.notice_s, help="moving: LOW,HIGH seconds of notice")
+    g.add_argument("--learn-delay", type=float, default=d.learn_delay_s,
+                   help="moving: seconds before a policy hears of a deadline change (0)")
     g.add_argument("--early-prob", type=float, default=d.early_prob, help="fraction of runs reclaimed early")
     g.add_argument("--early-max", type=float, default=d.early_max_s, help="how early at most, seconds")
     return p
@@ -234,7 +236,8 @@ def params_from(ns: argparse.Namespace) -> Params:
     return Params(
         horizon_s=ns.horizon, step_s=ns.step, save_s=ns.save, jitter=ns.jitter, tail_sigma=ns.tail_sigma,
         warmup=ns.warmup, val_every=ns.val_every, val_factor=ns.val_factor, big_save_s=ns.big_save,
-        save_drift=ns.save_drift, renewal_s=ns.renewal, notice_s=ns.notice, early_prob=ns.early_prob,
+        save_drift=ns.save_drift, renewal_s=ns.renewal, notice_s=ns.notice, learn_delay_s=ns.learn_delay,
+        early_prob=ns.early_prob,
         early_max_s=ns.early_max,
     )
 

@@ -11,7 +11,8 @@ a row shows what that one thing does:
     validation    every `val_every`-th step also validates: `val_factor` x a step longer
     big-save      saves of 2-6 minutes (a 7B-class model with optimizer state), one size per run
     save-drift    saves grow over the run, by `save_drift` x `save_s` at the deadline
-    moving        the deadline is renewed mid-run, then an early spot notice gives `notice` s
+    moving        the deadline is renewed mid-run, then an early spot notice gives `notice` s;
+                  the policies hear of each `learn_delay` s after it is announced
 
 In every family the deadline is drawn in [0.9, 1.1] x `horizon` (so it falls anywhere within a
 step), and reclamation comes `early` seconds before the deadline, an offset no policy knows:
@@ -40,6 +41,7 @@ class Params:
     save_drift: float = 1.0
     renewal_s: float = 3600.0
     notice_s: tuple[float, float] = (120.0, 300.0)
+    learn_delay_s: float = 0.0  # how late the policies hear of a renewal or a notice (polling)
     early_prob: float = 0.1
     early_max_s: float = 120.0
 
@@ -153,7 +155,8 @@ def moving(rng: random.Random, p: Params) -> Scenario:
     final = noticed_at + notice
     reclaim_at = final - _early(rng, p)
     steps, saves = _fill(reclaim_at, lambda k: p.step_s, lambda k, at: p.save_s)
-    changes = [DeadlineChange(renewed_at, renewed), DeadlineChange(noticed_at, final)]
+    delay = p.learn_delay_s
+    changes = [DeadlineChange(renewed_at + delay, renewed), DeadlineChange(noticed_at + delay, final)]
     return Scenario("moving", steps, saves, first, reclaim_at, changes)
 
 
