@@ -33,23 +33,24 @@ import psutil
 
 HEAVY_MODULES = ("torch", "verl", "ray", "transformers", "numpy", "volcenginesdkcore", "volcenginesdkecs")
 IMPORT_TARGETS = ("esiwrap", "esiwrap.cli", "esiwrap.trainer", "esiwrap.supervisor")
-PIN_ENV = "ESIWRAP_OVERHEAD_CPU"  # the trainer child pins itself to this core
+PIN_ENV = "OVERHEAD_PIN_CPU"  # the trainer child pins itself to this core
 
 
 # ---------------------------------------------------------------------------------- helpers
 def child_env() -> dict[str, str]:
-    """Ours, without a surrounding esiwrap's socket, and with bytecode caching on: a user's
-    install has .pyc files, while PYTHONDONTWRITEBYTECODE (set on some machines, this one
-    included) would recompile esiwrap's modules at every start and bill that to esiwrap."""
-    return {k: v for k, v in os.environ.items() if k not in ("ESIWRAP_SOCKET", "PYTHONDONTWRITEBYTECODE")}
+    """Ours, without any ESIWRAP_* setting (a surrounding esiwrap's socket, option defaults), and
+    with bytecode caching on: a user's install has .pyc files, while PYTHONDONTWRITEBYTECODE (set
+    on some machines, this one included) would recompile esiwrap at every start."""
+    return {k: v for k, v in os.environ.items()
+            if not k.startswith("ESIWRAP_") and k != "PYTHONDONTWRITEBYTECODE"}
 
 
 def warm_up(python: str) -> None:
     """Write the bytecode caches and page the files in before anything is timed."""
     code = "import esiwrap.cli, esiwrap.log, esiwrap.supervisor, esiwrap.trainer"
     subprocess.run([python, "-c", code], env=child_env(), check=True)
-    subprocess.run([*esiwrap_command(python), "--", "true"], env=child_env(), stdout=subprocess.DEVNULL,
-                   stderr=subprocess.DEVNULL, check=True)
+    subprocess.run([*esiwrap_command(python), "--sources", "cli,env", "--", "true"], env=child_env(),
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
 
 
 def esiwrap_command(python: str = sys.executable) -> list[str]:
@@ -118,7 +119,9 @@ def wrap_overhead(repeat: int) -> dict[str, Any]:
     """Wall time of `esiwrap -- true`, of `true` and of a bare `python -c pass`, interleaved so
     load drifts hit all alike; and, from esiwrap's own log, how much of it is supervision."""
     true = shutil.which("true") or "/bin/true"
-    commands = {"esiwrap": [*esiwrap_command(), "--", true], "true": [true],
+    # Local sources only: a cloud metadata source would reach for an endpoint (never off this
+    # machine in a benchmark), and with --deadline, cli is the only one asked anyway.
+    commands = {"esiwrap": [*esiwrap_command(), "--sources", "cli,env", "--", true], "true": [true],
                 "python": [sys.executable, "-c", "pass"]}
     times: dict[str, list[float]] = {name: [] for name in commands}
     cpu: dict[str, list[float]] = {name: [] for name in commands}  # user + system, less load-sensitive
