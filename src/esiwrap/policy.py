@@ -11,7 +11,10 @@ insurance save, `--final-margin` for the saves after it).
 * step_estimate: the `--step-quantile` of the last `--step-window` boundary-to-boundary intervals
   (validation and the trainer's own saves count; saves esiwrap asked for are measured separately and
   subtracted). The time the current step has already run is a lower bound, before the first interval
-  is known too: never assume 0 (verl's bug).
+  is known too: never assume 0 (verl's bug). Final saves use the median instead
+  (FINAL_STEP_QUANTILE): the insurance checkpoint already holds, so a final save that lands late
+  loses nothing, and aiming at the typical step rather than the slowest one keeps a warm-up step,
+  a validation step or a heavy tail from ending training minutes early (benchmarks/simulate.py).
 * save_estimate: `--save-duration` until a save is observed, then the longest observed save times
   SAVE_SAFETY_FACTOR, so it never falls below what was seen.
 
@@ -27,6 +30,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 SAVE_SAFETY_FACTOR = 1.25
+FINAL_STEP_QUANTILE = 0.5
 RESCHEDULE_LOG_THRESHOLD_S = 5.0
 
 SaveKind = Literal["insurance", "final"]
@@ -41,6 +45,7 @@ class PolicyConfig:
     final_save: bool = True
     final_margin_s: float = 10.0
     save_safety_factor: float = SAVE_SAFETY_FACTOR
+    final_step_quantile: float = FINAL_STEP_QUANTILE  # never above step_quantile
 
 
 def quantile(values: Sequence[float], q: float) -> float:
@@ -93,6 +98,13 @@ def step_estimate_s(obs: Observations, config: PolicyConfig) -> float | None:
     return quantile(list(obs.intervals), config.step_quantile) if obs.intervals else None
 
 
+def final_step_estimate_s(obs: Observations, config: PolicyConfig) -> float | None:
+    """The typical step, for final saves: the insurance checkpoint covers one that lands late."""
+    if not obs.intervals:
+        return None
+    return quantile(list(obs.intervals), min(config.final_step_quantile, config.step_quantile))
+
+
 def save_estimate_s(obs: Observations, config: PolicyConfig) -> float:
     if not obs.save_durations:
         return config.save_duration_s
@@ -130,6 +142,8 @@ class SavePlan:
 
 def plan_save(deadline: float, obs: Observations, config: PolicyConfig, kind: SaveKind) -> SavePlan:
     step = step_estimate_s(obs, config)
+    if kind == "final":
+        step = final_step_estimate_s(obs, config)
     save = save_estimate_s(obs, config)
     reserve = config.redundant_s if kind == "insurance" else config.final_margin_s
     cutoff = deadline - save - reserve
@@ -153,6 +167,25 @@ def next_save(
         return None
     plan = plan_save(deadline, obs, config, "final")
     return plan if plan.signal_at >= now else None
+
+
+def replan(
+    deadline: float,
+    obs: Observations,
+    config: PolicyConfig,
+    saves_done: int,
+    decided: SavePlan | None,
+    now: float,
+) -> SavePlan | None:
+    """What the supervisor does on every input change (a step, an acknowledged save, a deadline).
+
+    With no save decided yet, decide with `next_save` whether there is a next one at all (None:
+    no further save fits, stop). Once decided, the kind is kept and only its moment moves as the
+    estimates and the deadline change.
+    """
+    if decided is None:
+        return next_save(deadline, obs, config, saves_done, now)
+    return plan_save(deadline, obs, config, decided.kind)
 
 
 def needed_s(plan: SavePlan) -> float:

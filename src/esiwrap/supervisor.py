@@ -44,8 +44,7 @@ from esiwrap.policy import (
     SavePlan,
     moved_enough,
     needed_s,
-    next_save,
-    plan_save,
+    replan,
     save_estimate_s,
     step_estimate_s,
 )
@@ -452,10 +451,7 @@ class Supervisor:
     def _replan(self, now: float) -> None:
         if self.phase is not Phase.RUNNING or self.deadline is None or self.request is not None:
             return
-        if self.plan is None:  # deciding: is there a next save at all?
-            plan = next_save(self.deadline.at, self.obs, self.config.policy, self.saves_done, now)
-        else:  # decided: only its moment moves as the estimates change
-            plan = plan_save(self.deadline.at, self.obs, self.config.policy, self.plan.kind)
+        plan = replan(self.deadline.at, self.obs, self.config.policy, self.saves_done, self.plan, now)
         if plan is None:
             self._no_further_save()
             return

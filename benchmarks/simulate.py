@@ -1,0 +1,276 @@
+"""Trace-driven simulation: esiwrap's policy against verl's rule and an oracle.
+
+    python benchmarks/simulate.py                      # 1000 runs of every family, Markdown
+    python benchmarks/simulate.py --runs 200 --families jitter,moving --json out.json
+    python benchmarks/simulate.py --policy oracle --policy 'esiwrap --save-duration 360'
+
+Policies are named like the command that runs them: `esiwrap [RUN OPTIONS]` takes esiwrap's own
+flags (parsed by esiwrap's CLI into the `PolicyConfig` the supervisor would use), `verl
+[--esi-redundant-time S]` is verl's rule, `oracle` knows the future. The trace families and the
+policies' models are described in `traces.py` and `runners.py`; what the figures mean is in
+BENCHMARKS.md.
+
+Figures per family and policy: missed (runs with no completed save before reclamation), work lost
+(reclamation minus the training time held by the last completed save; over the runs that saved:
+mean, p95, max; and the mean counting a miss as the whole run), extra saves per run (saves begun
+beyond the first) and seconds spent saving per run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shlex
+import sys
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass, fields
+from typing import Any, NoReturn
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from runners import Outcome, run_esiwrap, run_oracle, run_verl
+from traces import FAMILIES, Params, Scenario, generate
+
+from esiwrap.cli import RUN_OPTIONS, build_run_parser, policy_config, resolve_options
+
+DEFAULT_POLICIES = (
+    "verl",
+    "verl --esi-redundant-time 120",
+    "esiwrap",
+    "esiwrap --no-final-save",
+    "esiwrap --redundant-time 0",
+    "oracle",
+)
+Runner = Callable[[Scenario], Outcome]
+
+
+def make_runner(spec: str) -> Runner:
+    """A policy from its command-like name; a bad name exits 2 with one line."""
+    words = shlex.split(spec)
+    name, args = (words[0], words[1:]) if words else ("", [])
+    if name == "oracle" and not args:
+        return run_oracle
+    if name == "verl":
+        parser = argparse.ArgumentParser(prog="verl", add_help=False)
+        parser.add_argument("--esi-redundant-time", type=float, default=0.0)
+        ns, rest = parser.parse_known_args(args)
+        if not rest:
+            redundant = float(ns.esi_redundant_time)
+            return lambda scenario: run_verl(scenario, redundant)
+    if name == "esiwrap":
+        values = resolve_options(build_run_parser().parse_args(args), RUN_OPTIONS, {})
+        config = policy_config(values)
+        return lambda scenario: run_esiwrap(scenario, config)
+    usage_error(f"--policy {spec!r}: unknown; use 'oracle', 'verl [--esi-redundant-time S]' "
+                "or 'esiwrap [RUN OPTIONS]'")
+
+
+def usage_error(message: str) -> NoReturn:
+    print(f"simulate.py: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+@dataclass(frozen=True)
+class Summary:
+    family: str
+    policy: str
+    runs: int
+    missed: int
+    lost_mean_s: float | None  # over runs with a completed save
+    lost_p95_s: float | None
+    lost_max_s: float | None
+    lost_mean_with_misses_s: float  # a miss loses the whole run
+    extra_saves: float  # per run
+    saving_s: float  # per run
+    lost_by_run: tuple[float | None, ...] = ()  # None: missed; for paired comparisons, not in JSON
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Nearest rank: a value that occurred."""
+    ordered = sorted(values)
+    return ordered[max(1, math.ceil(q * len(ordered))) - 1]
+
+
+def summarize(family: str, policy: str, outcomes: Sequence[Outcome]) -> Summary:
+    saved = [o.lost_s for o in outcomes if not o.missed]
+    n = len(outcomes)
+    return Summary(
+        family=family,
+        policy=policy,
+        runs=n,
+        missed=n - len(saved),
+        lost_mean_s=sum(saved) / len(saved) if saved else None,
+        lost_p95_s=percentile(saved, 0.95) if saved else None,
+        lost_max_s=max(saved) if saved else None,
+        lost_mean_with_misses_s=sum(o.lost_s for o in outcomes) / n,
+        extra_saves=sum(max(0, o.saves - 1) for o in outcomes) / n,
+        saving_s=sum(o.saving_s for o in outcomes) / n,
+        lost_by_run=tuple(None if o.missed else o.lost_s for o in outcomes),
+    )
+
+
+def simulate_one(family: str, policy: str, runs: int, seed: int, params: Params) -> Summary:
+    runner = make_runner(policy)
+    outcomes = [runner(generate(family, run, seed, params)) for run in range(runs)]
+    return summarize(family, policy, outcomes)
+
+
+def simulate(families: Sequence[str], policies: Sequence[str], runs: int, seed: int, params: Params,
+             jobs: int = 1) -> list[Summary]:
+    tasks = [(f, p, runs, seed, params) for f in families for p in policies]
+    if jobs <= 1:
+        return [simulate_one(*task) for task in tasks]
+    with ProcessPoolExecutor(max_workers=jobs) as pool:
+        return list(pool.map(simulate_one, *zip(*tasks, strict=True)))
+
+
+# ---------------------------------------------------------------------------------- output
+def _s(value: float | None) -> str:
+    return "–" if value is None else f"{value:.0f}"
+
+
+def markdown(summaries: Sequence[Summary], params: Params, runs: int, seed: int) -> str:
+    lines = [
+        f"Seed {seed}, {runs} runs per family. Steps {params.step_s:g} s, saves {params.save_s:g} s, "
+        f"deadline {params.horizon_s:g} s ±10 %, reclamation early in {params.early_prob:.0%} of runs "
+        f"(up to {params.early_max_s:g} s). Work lost in seconds.",
+        "",
+    ]
+    for family in dict.fromkeys(s.family for s in summaries):
+        lines += [
+            f"#### {family}",
+            "",
+            "| policy | missed | lost mean | lost p95 | lost max | lost mean incl. misses | extra saves/run "
+            "| saving s/run |",
+            "|---|--:|--:|--:|--:|--:|--:|--:|",
+        ]
+        for s in (s for s in summaries if s.family == family):
+            lines.append(
+                f"| `{s.policy}` | {s.missed} | {_s(s.lost_mean_s)} | {_s(s.lost_p95_s)} | "
+                f"{_s(s.lost_max_s)} | {_s(s.lost_mean_with_misses_s)} | {s.extra_saves:.2f} | "
+                f"{s.saving_s:.0f} |"
+            )
+        lines.append("")
+    lines += targets_table(summaries)
+    return "\n".join(lines)
+
+
+def targets_table(summaries: Sequence[Summary]) -> list[str]:
+    """esiwrap (defaults) against verl's rule and the oracle, family by family."""
+    by = {(s.family, s.policy): s for s in summaries}
+    verls = [p for p in dict.fromkeys(s.policy for s in summaries) if p.split()[0] == "verl"]
+    if ("esiwrap" not in {s.policy for s in summaries}) or not verls:
+        return []
+    head = "| family | esiwrap missed | " + " | ".join(f"`{v}` missed" for v in verls)
+    head += " | " + " | ".join(f"lost ÷ `{v}`" for v in verls) + " | lost ÷ oracle |"
+    lines = ["#### esiwrap (defaults) against verl's rule and the oracle", "",
+             "Misses out of the runs; lost ÷ X: esiwrap's mean work lost over X's, on the runs where "
+             "both saved.", "", head,
+             "|---" * (3 + 2 * len(verls)) + "|"]
+    for family in dict.fromkeys(s.family for s in summaries):
+        ours = by[(family, "esiwrap")]
+        row = [family, str(ours.missed)] + [str(by[(family, v)].missed) for v in verls]
+        row += [_ratio(ours, by[(family, v)]) for v in verls]
+        oracle = by.get((family, "oracle"))
+        row.append(_ratio(ours, oracle) if oracle else "–")
+        lines.append("| " + " | ".join(row) + " |")
+    lines.append("")
+    return lines
+
+
+def paired_ratio(ours: Summary, other: Summary) -> float | None:
+    """Mean work lost, ours over theirs, on the runs where both saved (the same traces)."""
+    pairs = [(a, b) for a, b in zip(ours.lost_by_run, other.lost_by_run, strict=True)
+             if a is not None and b is not None]
+    theirs = sum(b for _, b in pairs)
+    return sum(a for a, _ in pairs) / theirs if pairs and theirs > 0 else None
+
+
+def _ratio(ours: Summary, other: Summary) -> str:
+    ratio = paired_ratio(ours, other)
+    return "–" if ratio is None else f"{ratio:.2f}"
+
+
+# ---------------------------------------------------------------------------------- command line
+def _pair(text: str) -> tuple[float, float]:
+    low, _, high = text.partition(",")
+    return float(low), float(high or low)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    d = Params()
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--runs", type=int, default=1000, help="runs per family (1000)")
+    p.add_argument("--seed", type=int, default=1, help="the same seed gives the same runs (1)")
+    p.add_argument("--families", default=",".join(FAMILIES), help="comma-separated: " + ",".join(FAMILIES))
+    p.add_argument("--policy", action="append", dest="policies", metavar="SPEC",
+                   help="repeatable; default: " + "; ".join(DEFAULT_POLICIES))
+    p.add_argument("--jobs", type=int, default=1, help="worker processes (1)")
+    p.add_argument("--json", metavar="PATH", help="also write every figure as JSON ('-': stdout only)")
+    g = p.add_argument_group("traces")
+    g.add_argument("--horizon", type=float, default=d.horizon_s, help="seconds to the deadline (±10 %%)")
+    g.add_argument("--step", type=float, default=d.step_s, help="mean step seconds")
+    g.add_argument("--save", type=float, default=d.save_s, help="save seconds")
+    g.add_argument("--jitter", type=float, default=d.jitter, help="jitter: sd as a fraction of the mean")
+    g.add_argument("--tail-sigma", type=float, default=d.tail_sigma, help="heavy-tail: log-normal sigma")
+    g.add_argument("--warmup", type=_pair, default=d.warmup, help="slow-first: LOW,HIGH x a step")
+    g.add_argument("--val-every", type=int, default=d.val_every, help="validation: every K-th step")
+    g.add_argument("--val-factor", type=float, default=d.val_factor, help="validation: x a step, added")
+    g.add_argument("--big-save", type=_pair, default=d.big_save_s, help="big-save: LOW,HIGH seconds")
+    g.add_argument("--save-drift", type=float, default=d.save_drift,
+                   help="save-drift: growth, as a fraction of --save, by the deadline")
+    g.add_argument("--renewal", type=float, default=d.renewal_s, help="moving: seconds added by the renewal")
+    g.add_argument("--notice", type=_pair, default=d.notice_s, help="moving: LOW,HIGH seconds of notice")
+    g.add_argument("--learn-delay", type=float, default=d.learn_delay_s,
+                   help="moving: seconds before a policy hears of a deadline change (0)")
+    g.add_argument("--early-prob", type=float, default=d.early_prob, help="fraction of runs reclaimed early")
+    g.add_argument("--early-max", type=float, default=d.early_max_s, help="how early at most, seconds")
+    return p
+
+
+def params_from(ns: argparse.Namespace) -> Params:
+    return Params(
+        horizon_s=ns.horizon, step_s=ns.step, save_s=ns.save, jitter=ns.jitter, tail_sigma=ns.tail_sigma,
+        warmup=ns.warmup, val_every=ns.val_every, val_factor=ns.val_factor, big_save_s=ns.big_save,
+        save_drift=ns.save_drift, renewal_s=ns.renewal, notice_s=ns.notice, learn_delay_s=ns.learn_delay,
+        early_prob=ns.early_prob,
+        early_max_s=ns.early_max,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ns = build_parser().parse_args(argv)
+    families = [f.strip() for f in ns.families.split(",") if f.strip()]
+    unknown = [f for f in families if f not in FAMILIES]
+    if unknown:
+        usage_error(f"--families: unknown {', '.join(unknown)}; choose from {', '.join(FAMILIES)}")
+    policies = ns.policies or list(DEFAULT_POLICIES)
+    for spec in policies:
+        make_runner(spec)  # refuse a bad name before any work
+    params = params_from(ns)
+    started = time.perf_counter()
+    summaries = simulate(families, policies, ns.runs, ns.seed, params, ns.jobs)
+    elapsed = time.perf_counter() - started
+    if ns.json:
+        document: dict[str, Any] = {
+            "seed": ns.seed, "runs": ns.runs, "params": asdict(params), "elapsed_s": round(elapsed, 3),
+            "results": [{f.name: getattr(s, f.name) for f in fields(s) if f.name != "lost_by_run"}
+                        for s in summaries],
+        }
+        text = json.dumps(document, indent=2)
+        if ns.json == "-":
+            print(text)
+            return 0
+        with open(ns.json, "w", encoding="utf-8") as out:
+            out.write(text + "\n")
+    print(markdown(summaries, params, ns.runs, ns.seed))
+    print(f"\n({len(families)} families x {len(policies)} policies x {ns.runs} runs in {elapsed:.1f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

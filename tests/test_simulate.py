@@ -1,0 +1,144 @@
+"""The policy simulator (benchmarks/simulate.py) itself: its oracle, its verl rule, its arithmetic."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+
+import simulate
+from runners import run_esiwrap, run_oracle, run_verl, verl_wants_save
+from traces import FAMILIES, Params, Scenario, generate
+
+from esiwrap.errors import EXIT_CHECKPOINTED
+from esiwrap.policy import PolicyConfig
+
+STEP_S, DEADLINE_S = 7.0, 1000.0  # 1000 is not a multiple of 7: no boundary ties the deadline
+
+
+def constant_scenario(step_s: float, save_s: float, deadline_s: float, reclaim_at: float | None = None,
+                      ) -> Scenario:
+    n = int(deadline_s // step_s) + 2
+    return Scenario("test", [step_s] * n, [save_s] * n, deadline_s,
+                    deadline_s if reclaim_at is None else reclaim_at)
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_no_policy_beats_the_oracle(family: str) -> None:
+    """On the same traces, no policy keeps more progress than the oracle, nor saves when it cannot."""
+    runners = {spec: simulate.make_runner(spec) for spec in simulate.DEFAULT_POLICIES}
+    for run in range(40):
+        scenario = generate(family, run, seed=7, params=Params())
+        best = run_oracle(scenario)
+        for spec, runner in runners.items():
+            outcome = runner(scenario)
+            assert outcome.lost_s >= best.lost_s - 1e-9, (spec, run)
+            assert not best.missed or outcome.missed, (spec, run)
+
+
+def test_instant_saves_with_constant_steps_give_the_analytic_answer() -> None:
+    """Saves of 0 s, steps of 7 s, deadline 1000 s: the last boundary before it is 994 s.
+
+    The oracle and verl's rule both save there (6 s lost); esiwrap with no reserve at all does
+    too; with its defaults the final save must also clear the 10 s final margin: 987 s, 13 s lost.
+    """
+    scenario = constant_scenario(STEP_S, 0.0, DEADLINE_S)
+    last = STEP_S * (DEADLINE_S // STEP_S)
+    assert run_oracle(scenario).lost_s == pytest.approx(DEADLINE_S - last)
+    assert run_verl(scenario).lost_s == pytest.approx(DEADLINE_S - last)
+    bare = PolicyConfig(redundant_s=0.0, save_duration_s=0.0, final_margin_s=0.0)
+    assert run_esiwrap(scenario, bare).lost_s == pytest.approx(DEADLINE_S - last)
+    defaults = run_esiwrap(scenario, PolicyConfig())
+    assert defaults.lost_s == pytest.approx(DEADLINE_S - STEP_S * ((DEADLINE_S - 10.0) // STEP_S))
+    assert defaults.saves == 2  # the insurance save, then the final one
+
+
+def test_verl_documented_example_saves() -> None:
+    """verl's example: 200 s left, 80 s step, 60 s save, 120 s redundant -> save (200 <= 260)."""
+    assert verl_wants_save(remaining_s=200.0, max_steps_duration_s=80.0, redundant_s=120.0, save_s=60.0)
+    assert not verl_wants_save(remaining_s=280.0, max_steps_duration_s=80.0, redundant_s=120.0)
+    assert not verl_wants_save(remaining_s=200.0, max_steps_duration_s=0.0, redundant_s=120.0)
+
+
+def test_verl_rule_in_a_run_saves_at_the_first_boundary_inside_its_window() -> None:
+    """80 s steps, deadline at 440 s: 280 s left at step 2 (no), 200 s left at step 3 (save)."""
+    scenario = constant_scenario(80.0, 60.0, 440.0, reclaim_at=310.0)
+    outcome = run_verl(scenario, redundant_s=120.0)
+    assert (outcome.saved_step, outcome.saves) == (3, 1)
+    assert outcome.lost_s == pytest.approx(310.0 - 240.0)
+
+
+def test_verl_rule_never_saves_before_the_first_step_ends() -> None:
+    """max_steps_duration is 0 until the first step is timed: a deadline inside it is missed."""
+    scenario = constant_scenario(80.0, 10.0, 70.0)
+    assert run_verl(scenario, redundant_s=120.0).missed
+    assert run_oracle(scenario).missed  # nothing fits at all: the oracle misses too
+
+
+def test_esiwrap_insurance_then_final_save_with_constant_steps() -> None:
+    """60 s steps and saves, deadline 3630 s, defaults.
+
+    Insurance: signal at 3630 - (60 + 60 + 120) = 3390 s, seen at the 3420 s boundary (step 57),
+    saved by 3480 s. Final: the save now counts 75 s, so signal at 3630 - (60 + 75 + 10) = 3485 s,
+    still ahead: seen at 3540 s (step 58), saved by 3600 s. Then nothing fits: stop.
+    """
+    scenario = constant_scenario(60.0, 60.0, 3630.0)
+    outcome = run_esiwrap(scenario, PolicyConfig())
+    assert (outcome.saved_step, outcome.saves) == (58, 2)
+    assert outcome.lost_s == pytest.approx(3630.0 - 58 * 60.0)
+    assert outcome.saving_s == pytest.approx(120.0)
+
+
+def test_command_line_prints_tables_and_writes_json(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A small run: one table per family on stdout, and every figure in the JSON file."""
+    out = tmp_path / "sim.json"
+    code = simulate.main(["--runs", "5", "--families", "constant,moving", "--json", str(out)])
+    assert code == 0
+    text = capsys.readouterr().out
+    assert "#### constant" in text and "#### moving" in text and "| `oracle` |" in text
+    document = json.loads(out.read_text())
+    results = {(r["family"], r["policy"]): r for r in document["results"]}
+    assert len(results) == 2 * len(simulate.DEFAULT_POLICIES)
+    assert results[("constant", "oracle")]["missed"] == 0
+    assert results[("constant", "esiwrap")]["runs"] == 5
+
+
+def test_unknown_policy_is_refused_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    """A policy name that is not oracle/verl/esiwrap stops before any work: one line, exit 2."""
+    with pytest.raises(SystemExit) as exit_info:
+        simulate.main(["--policy", "random --p 0.5"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "unknown" in err and "esiwrap [RUN OPTIONS]" in err
+
+
+def test_the_simulated_supervisor_saves_where_the_real_one_did(esiwrap) -> None:
+    """Fed the step and save times a real run measured, the simulator's model of the supervisor
+    saves the same number of times at the same last step as the real esiwrap (within one step:
+    on a loaded machine the real timer can fire late)."""
+    child = Path(__file__).resolve().parent / "children" / "sleep_trainer.py"
+    deadline = time.time() + 9.0
+    run = esiwrap("--deadline", f"{deadline:.3f}", "--redundant-time", "1.5", "--save-duration", "0.3",
+                  "--final-margin", "0.3", "--log-level", "debug", "--", sys.executable, str(child),
+                  "0.3", "0.2")
+    assert run.finish(timeout=60) == EXIT_CHECKPOINTED
+    attached = datetime.fromisoformat(run.first("trainer_attached")["timestamp"].replace("Z", "+00:00"))
+    steps = [e["duration_s"] for e in run.events if e["event"] == "step_observed"]
+    completed = [e for e in run.events if e["event"] == "save_completed"]
+    assert [e["kind"] for e in completed][:1] == ["insurance"]
+    horizon = deadline - attached.timestamp()
+    steps += [0.3] * 20  # the steps the real run did not live to make
+    scenario = Scenario("real", steps, [max(e["duration_s"] for e in completed)] * len(steps),
+                        horizon, horizon)
+    outcome = run_esiwrap(scenario, PolicyConfig(redundant_s=1.5, save_duration_s=0.3, final_margin_s=0.3))
+    assert outcome.saved_step is not None
+    assert abs(outcome.saved_step - completed[-1]["step"]) <= 1, (outcome, completed)
+    assert abs(outcome.saves - len(completed)) <= 1
