@@ -16,6 +16,7 @@ from esiwrap.policy import (
     next_save,
     plan_save,
     quantile,
+    renewal_reopens_insurance,
     save_estimate_s,
     step_estimate_s,
 )
@@ -186,3 +187,11 @@ def test_nominal_plan_ignores_a_long_running_step_but_the_timer_does_not() -> No
     assert plan.nominal_at == DEADLINE - 23.0
     assert plan.signal_at == pytest.approx((DEADLINE - 22.0 + DEADLINE - 90.0) / 2)
     assert plan.signal_at < plan.nominal_at
+
+
+def test_a_renewal_reopens_insurance_only_when_it_fits() -> None:
+    """After a save, a later deadline with room for a full insurance save starts the cycle again."""
+    config = PolicyConfig(redundant_s=120.0, save_duration_s=60.0)
+    obs = observed(*([10.0] * 5), start=DEADLINE - 50.0)
+    assert renewal_reopens_insurance(DEADLINE + 3600.0, obs, config, now=DEADLINE)
+    assert not renewal_reopens_insurance(DEADLINE + 100.0, obs, config, now=DEADLINE)

@@ -188,6 +188,15 @@ def replan(
     return plan_save(deadline, obs, config, decided.kind)
 
 
+def renewal_reopens_insurance(deadline: float, obs: Observations, config: PolicyConfig, now: float) -> bool:
+    """A later deadline after a completed save: is there room for a fresh insurance save before it?
+
+    If so the supervisor starts over (saves_done = 0) rather than only moving the final save, which
+    would then come hours later with just the final margin of slack.
+    """
+    return plan_save(deadline, obs, config, "insurance").signal_at > now
+
+
 def needed_s(plan: SavePlan) -> float:
     """How long before the deadline the plan needs its signal."""
     return plan.step_estimate_s + plan.save_estimate_s + plan.reserve_s

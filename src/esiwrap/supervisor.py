@@ -44,6 +44,7 @@ from esiwrap.policy import (
     SavePlan,
     moved_enough,
     needed_s,
+    renewal_reopens_insurance,
     replan,
     save_estimate_s,
     step_estimate_s,
@@ -430,7 +431,7 @@ class Supervisor:
         """A later deadline while running, after a save: is there room for a new insurance save?"""
         if self.phase is not Phase.RUNNING or self.request is not None or self.saves_done == 0:
             return False
-        return plan_save(deadline, self.obs, self.config.policy, "insurance").signal_at > now
+        return renewal_reopens_insurance(deadline, self.obs, self.config.policy, now)
 
     def _deadline_already_passed(self, now: float) -> None:
         """Learned too late: save at once if anything can, give it --stop-grace, then stop."""
