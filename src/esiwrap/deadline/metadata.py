@@ -12,7 +12,6 @@ Only the stdlib is used: no proxy is ever consulted for the metadata address.
 
 from __future__ import annotations
 
-import http.client
 import threading
 import time
 from dataclasses import dataclass
@@ -140,6 +139,8 @@ class MetadataClient:
         raise MetadataUnreachable(reason)
 
     def _exchange(self, method: str, path: str, headers: dict[str, str]) -> tuple[int, str]:
+        import http.client  # only when a metadata source is asked: keeps `esiwrap -- cmd` start-up light
+
         conn = http.client.HTTPConnection(self._host, self._port, timeout=self.timeouts.connect_s)
         try:
             try:
