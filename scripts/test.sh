@@ -13,4 +13,6 @@ if ! command -v systemd-analyze >/dev/null; then
 fi
 .venv/bin/ruff check src tests examples benchmarks
 .venv/bin/mypy
-exec .venv/bin/pytest "$@"
+# Three workers, one test file each at a time: most tests wait on real processes and signals, so
+# this cuts the wall time by more than half on 2 cores (files keep their shared fixtures, e.g. Ray).
+exec .venv/bin/pytest -n 3 --dist loadfile "$@"
