@@ -102,7 +102,8 @@ def main(argv: list[str]) -> int:
         if esi.save_requested():  # esiwrap
             with esi.saving(step, checkpoint):  # esiwrap
                 save_checkpoint(checkpoint, model, optimizer, step, loss_value, args.save_seconds)
-            print(f"tiny_trainer: saved step {step} to {checkpoint}", flush=True)
+                # inside the block: leaving it acknowledges, and esiwrap may stop us right after
+                print(f"tiny_trainer: saved step {step} to {checkpoint}", flush=True)
     print(f"tiny_trainer: finished at step {args.steps}, loss {loss_value:.4f}", flush=True)
     return 0
 

@@ -49,6 +49,7 @@ from esiwrap.policy import (
     save_estimate_s,
     step_estimate_s,
 )
+from esiwrap.tree import ProcessTree
 from esiwrap.watcher import DeadlineWatcher
 
 FORWARDED = (signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR2)
@@ -146,9 +147,8 @@ class Supervisor:
         self._ack_until: float | None = None  # monotonic: waiting for a save before stopping
         self._sigint_count = 0
         self.stop: StopState | None = None
-        self._tree: list[psutil.Process] = []
-        self._tree_fds: dict[int, int] = {}
         self._selector = selectors.DefaultSelector()
+        self._tree = ProcessTree(self._selector)
         self._channel: ChannelServer | None = None
         self._signal_r, self._signal_w = socket.socketpair()
         self._wake_r, self._wake_w = socket.socketpair()
@@ -210,8 +210,7 @@ class Supervisor:
             with contextlib.suppress(ValueError, TypeError):
                 signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
         signal.set_wakeup_fd(self._old_wakeup_fd)
-        for fd in list(self._tree_fds):
-            self._unwatch_fd(fd)
+        self._tree.close()
         self._selector.close()
         for sock in (self._signal_r, self._signal_w, self._wake_r, self._wake_w):
             sock.close()
@@ -656,7 +655,7 @@ class Supervisor:
         self._systemd.stopping()
         self._extend_stop_timeout()
         if self.child_pid is not None and self.child_status is None:
-            self._tree = process.descendants(self.child_pid)
+            self._tree.snapshot(self.child_pid)
             if immediate:
                 self._kill_tree(mono)
             else:
@@ -674,7 +673,7 @@ class Supervisor:
 
     def _kill_tree(self, mono: float) -> None:
         assert self.stop is not None
-        remaining = self._remaining_tree()
+        remaining = self._tree.remaining()
         if remaining:
             self.log.warning("child_killed", signal="SIGKILL", pids=[p.pid for p in remaining])
         process.signal_all(remaining, signal.SIGKILL)
@@ -686,7 +685,7 @@ class Supervisor:
         stop = self.stop
         assert stop is not None
         self._reap()
-        remaining = self._remaining_tree()
+        remaining = self._tree.remaining()
         child_gone = self.child_status is not None
         if child_gone and not remaining:
             raise Halt(stop.reason, self._stop_exit_status())
@@ -698,40 +697,13 @@ class Supervisor:
         if child_gone and not stop.leftovers_signalled:
             stop.leftovers_signalled = True
             process.signal_all(remaining, signal.SIGTERM)
-        self._watch_tree(remaining)
+        self._tree.watch(remaining)
 
     def _stop_exit_status(self) -> int:
         assert self.stop is not None
         if self.stop.exit_status is not None:
             return self.stop.exit_status
         return exit_status_of(self.child_status) if self.child_status is not None else EXIT_FAILURE
-
-    def _remaining_tree(self) -> list[psutil.Process]:
-        """The tree as first seen plus whatever is below us now (orphans come to the subreaper)."""
-        current = process.descendants(os.getpid())
-        by_pid = {p.pid: p for p in [*self._tree, *current]}
-        return process.alive(by_pid.values())
-
-    def _watch_tree(self, remaining: list[psutil.Process]) -> None:
-        watched = set(self._tree_fds.values())
-        for proc in remaining:
-            if proc.pid in watched:
-                continue
-            fd = process.open_pidfd(proc.pid)
-            if fd is None:
-                continue
-            self._tree_fds[fd] = proc.pid
-            self._selector.register(fd, selectors.EVENT_READ, self._on_tree_exit)
-
-    def _on_tree_exit(self, key: selectors.SelectorKey) -> None:
-        self._unwatch_fd(int(key.fd))
-
-    def _unwatch_fd(self, fd: int) -> None:
-        self._tree_fds.pop(fd, None)
-        with contextlib.suppress(KeyError, ValueError):
-            self._selector.unregister(fd)
-        with contextlib.suppress(OSError):
-            os.close(fd)
 
     def _reap(self) -> None:
         """Collect every exited child, ours or orphaned to us, and note the direct child's end."""
