@@ -23,12 +23,13 @@ from typing import Any
 
 import psutil
 import pytest
+
+# Never skipped: scripts/test.sh installs the verl extra, and a broken install must fail loudly.
+import verl  # noqa: F401
 from esiwrap_harness import PYTHON, ROOT, EsiwrapRun, processes_with_marker, wait_until
 
 from esiwrap.errors import EXIT_CHECKPOINTED
 from esiwrap.integrations import bootstrap_dir
-
-pytest.importorskip("verl", reason="the verl extra: pip install -e '.[test,verl]'")
 
 DRIVER = ROOT / "tests" / "verl_driver.py"
 RAY_TIMEOUT_S = 240.0  # importing verl in a fresh Ray worker is slow on a busy CI machine
