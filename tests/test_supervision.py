@@ -106,6 +106,7 @@ def test_sigterm_forward_mode(esiwrap) -> None:
     run.signal(signal.SIGTERM)
     run.wait_stdout("got SIGTERM")
     assert run.finish(30) == 0
+    assert "child_stopping" not in run.names()  # forwarded as is, not turned into a stop
 
 
 def test_child_ignoring_sigterm_is_killed_after_grace(esiwrap) -> None:

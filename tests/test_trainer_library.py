@@ -156,3 +156,22 @@ def test_hello_from_another_rank(server: ChannelServer, monkeypatch: pytest.Monk
     hello = messages(server)[0]
     assert hello.fields["rank"] == 1 and hello.fields["world_size"] == 2
     assert hello.fields["saves"] is False and hello.fields["stop_signal"] == "SIGINT"
+
+
+def test_signal_names_are_read_one_way_everywhere() -> None:
+    """ESIWRAP_SIGNAL and a hello's stop_signal accept SIGINT, int and 2; nonsense is refused."""
+    from esiwrap.signals import save_signal, signal_number
+
+    assert signal_number("SIGINT") == signal_number("int") == signal_number(" 2 ") == signal.SIGINT
+    assert signal_number("SIGNOPE") is None and signal_number("999") is None
+    assert save_signal({SIGNAL_ENV: "usr2"}) == signal.SIGUSR2
+    assert save_signal({SIGNAL_ENV: "bogus"}) == save_signal({}) == signal.SIGUSR1
+
+
+def test_save_requested_and_answers_both_questions(server: ChannelServer) -> None:
+    """One call answers "save?" and "any rank raised my flag?"; with one process, the flags."""
+    esi.install()
+    assert esi.save_requested_and(True) == (False, True)
+    os.kill(os.getpid(), signal.SIGUSR1)
+    assert esi.save_requested_and(False) == (True, False)
+    assert esi.save_requested() and esi.any_rank(True) and not esi.any_rank(False)

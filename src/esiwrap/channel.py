@@ -25,8 +25,10 @@ import tempfile
 from dataclasses import dataclass, field
 from typing import Any
 
+from esiwrap.signals import SIGNAL_ENV
+
 SOCKET_ENV = "ESIWRAP_SOCKET"
-SIGNAL_ENV = "ESIWRAP_SIGNAL"
+__all__ = ["SIGNAL_ENV", "SOCKET_ENV", "ChannelClient", "ChannelServer", "Message", "decode"]
 MAX_DATAGRAM = 64 * 1024
 MESSAGE_TYPES = frozenset({"hello", "step", "save_begin", "save_end", "bye"})
 

@@ -38,6 +38,7 @@ from esiwrap.errors import (
     UsageError,
 )
 from esiwrap.policy import PolicyConfig
+from esiwrap.signals import signal_number
 
 SUBCOMMANDS = ("deadline", "report", "systemd-unit")
 COMMAND_ENV = "ESIWRAP_COMMAND"  # the command when none follows `--` (systemd environment files)
@@ -124,15 +125,11 @@ def _bool(text: str) -> bool:
 
 def _signal_parser(allowed: Sequence[str]) -> Callable[[str], int]:
     def parse(text: str) -> int:
-        name = text.strip().upper()
-        if name.isdigit():
-            name = signal.Signals(int(name)).name
-        if not name.startswith("SIG"):
-            name = "SIG" + name
-        if name not in allowed:
+        signum = signal_number(text)
+        if signum is None or signal.Signals(signum).name not in allowed:
             msg = f"must be one of {', '.join(allowed)}"
             raise ValueError(msg)
-        return int(signal.Signals[name])
+        return signum
 
     return parse
 

@@ -63,7 +63,7 @@ class Observations:
 
     def __init__(self, step_window: int) -> None:
         self.intervals: deque[float] = deque(maxlen=step_window)
-        self.save_durations: list[float] = []
+        self.longest_save_s: float | None = None  # only the longest save counts
         self.last_step: int | None = None
         self.step_started_at: float | None = None  # wall time the running step began
         self._exclude_next_s = 0.0
@@ -82,13 +82,17 @@ class Observations:
         self.step_started_at = at
         return interval
 
+    def record_save(self, duration_s: float) -> None:
+        """A measured save (the trainer's own ones too): it feeds the save estimate."""
+        self.longest_save_s = max(duration_s, self.longest_save_s or 0.0)
+
     def record_requested_save(self, duration_s: float, at: float) -> None:
         """A save esiwrap asked for ended at `at`; training resumes now.
 
         Its time is counted in the save estimate, so it is taken out of the interval that
         contains it, and the running step is taken to begin when the save ended.
         """
-        self.save_durations.append(duration_s)
+        self.record_save(duration_s)
         self._exclude_next_s += duration_s
         self.step_started_at = at
 
@@ -106,9 +110,9 @@ def final_step_estimate_s(obs: Observations, config: PolicyConfig) -> float | No
 
 
 def save_estimate_s(obs: Observations, config: PolicyConfig) -> float:
-    if not obs.save_durations:
+    if obs.longest_save_s is None:
         return config.save_duration_s
-    return max(obs.save_durations) * config.save_safety_factor
+    return obs.longest_save_s * config.save_safety_factor
 
 
 def latest_signal_at(cutoff: float, step_s: float | None, step_started_at: float | None) -> float:

@@ -49,6 +49,7 @@ from esiwrap.policy import (
     save_estimate_s,
     step_estimate_s,
 )
+from esiwrap.signals import signal_number
 from esiwrap.tree import ProcessTree
 from esiwrap.watcher import DeadlineWatcher
 
@@ -337,7 +338,7 @@ class Supervisor:
             rank=message.get_int("rank"),
             saves=message.get_bool("saves", True),
             signal=wants_signal,
-            stop_signal=_signal_number(stop_name),
+            stop_signal=signal_number(stop_name) if stop_name else None,
             attached_at=now,
         )
         extra = {k: v for k, v in message.fields.items() if k not in _RESERVED_KEYS}
@@ -379,7 +380,7 @@ class Supervisor:
             return  # the trainer keeps its flag and tries again at the next boundary
         request = self.request
         if request is None:
-            self.obs.save_durations.append(message.get_float("duration_s"))
+            self.obs.record_save(message.get_float("duration_s"))
             self._save_completed_log(step, [message], now, requested=False)
             self.last_saved_step = step
             return
@@ -744,14 +745,6 @@ def child_environment(base: Mapping[str, str], socket_path: str, config: Supervi
     if config.run_id:
         env["ESIWRAP_RUN_ID"] = config.run_id
     return env
-
-
-def _signal_number(name: str) -> int | None:
-    if not name:
-        return None
-    upper = name.strip().upper()
-    member = getattr(signal.Signals, upper if upper.startswith("SIG") else "SIG" + upper, None)
-    return int(member) if member is not None else None
 
 
 _RESERVED_KEYS = frozenset({"type", "pid", "event", "level", "timestamp", "run_id"})

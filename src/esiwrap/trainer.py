@@ -25,7 +25,8 @@ from contextlib import contextmanager
 from types import FrameType
 from typing import Any
 
-from esiwrap.channel import SIGNAL_ENV, ChannelClient
+from esiwrap.channel import ChannelClient
+from esiwrap.signals import save_signal
 
 __all__ = [
     "any_rank",
@@ -36,6 +37,7 @@ __all__ = [
     "request_save",
     "save_finished",
     "save_requested",
+    "save_requested_and",
     "save_started",
     "saving",
     "step_done",
@@ -86,7 +88,7 @@ def install(
     if threading.current_thread() is not threading.main_thread():
         msg = "esiwrap.trainer.install() must be called from the main thread"
         raise RuntimeError(msg)
-    chosen = signum if signum is not None else _signal_from_env()
+    chosen = signum if signum is not None else save_signal()
     if _state.signum is not None:
         uninstall()
     _state.previous = signal.getsignal(chosen)
@@ -126,11 +128,16 @@ def save_requested() -> bool:
     """True when a save was asked for. With torch.distributed initialized, every rank gets the
     same answer (an all-reduce of the flag), so all ranks save at the same step: call it the same
     number of times on every rank."""
-    flag = _state.requested
-    reduced = _agree_across_ranks(flag)
-    if reduced and not flag:
+    return save_requested_and(False)[0]
+
+
+def save_requested_and(flag: bool) -> tuple[bool, bool]:
+    """`save_requested()` and `any_rank(flag)` in one all-reduce, for callbacks that need both at
+    every step (the Hugging Face callback's stop request)."""
+    save, other = _agree_across_ranks(_state.requested, flag)
+    if save:
         _state.requested = True
-    return reduced
+    return save, other
 
 
 def request_save() -> None:
@@ -195,14 +202,7 @@ def save_finished(step: int, path: str | os.PathLike[str] | None = None, *,
 def any_rank(flag: bool) -> bool:
     """True on every rank when `flag` is true on any rank (an all-reduce MAX with more than one
     torch.distributed rank; the flag itself otherwise). Call it in step on every rank."""
-    return _agree_across_ranks(flag)
-
-
-def _signal_from_env() -> int:
-    name = os.environ.get(SIGNAL_ENV, "SIGUSR1").strip().upper()
-    if not name.startswith("SIG"):
-        name = "SIG" + name
-    return int(getattr(signal.Signals, name, signal.SIGUSR1))
+    return _agree_across_ranks(flag)[0]
 
 
 def _rank_and_world() -> tuple[int, int]:
@@ -215,20 +215,21 @@ def _rank_and_world() -> tuple[int, int]:
     return env_int("RANK", 0), env_int("WORLD_SIZE", 1)
 
 
-def _agree_across_ranks(flag: bool) -> bool:
-    """All-reduce MAX of the flag when torch.distributed runs with more than one rank."""
+def _agree_across_ranks(*flags: bool) -> tuple[bool, ...]:
+    """All-reduce MAX of the flags (one collective) when torch.distributed runs with more than
+    one rank; the flags themselves otherwise."""
     import sys
 
     torch = sys.modules.get("torch")  # never import torch ourselves: the trainer already has
     if torch is None:
-        return flag
+        return flags
     dist = torch.distributed
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() <= 1:
-        return flag
+        return flags
     backend = dist.get_backend()
     device = "cpu"
     if backend == "nccl":
         device = f"cuda:{torch.cuda.current_device()}"
-    tensor = torch.tensor([1 if flag else 0], dtype=torch.int32, device=device)
+    tensor = torch.tensor([int(f) for f in flags], dtype=torch.int32, device=device)
     dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
-    return bool(tensor.item())
+    return tuple(bool(v) for v in tensor.tolist())

@@ -24,6 +24,7 @@ import sys
 import threading
 
 from esiwrap.integrations import CHAINED_RAY_ENV_HOOK, RELAY_ENV
+from esiwrap.signals import SIGNAL_ENV, save_signal
 
 TYPE_CHECKING = False  # workers import this at start-up: the typing module only for mypy
 if TYPE_CHECKING:
@@ -41,7 +42,6 @@ __all__ = [
     "worker_setup",
 ]
 
-SIGNAL_ENV = "ESIWRAP_SIGNAL"  # as in esiwrap.channel, which is not imported in workers
 NAMESPACE = "esiwrap"
 SETUP_HOOK = "esiwrap.integrations.ray_relay.worker_setup"
 CHAINED_SETUP_HOOK_ENV = "ESIWRAP_CHAINED_SETUP_HOOK"
@@ -68,12 +68,6 @@ class _SignalFlag:
 
 
 signal_flag = _SignalFlag()
-
-
-def save_signal() -> int:
-    name = os.environ.get(SIGNAL_ENV, "SIGUSR1").strip().upper()
-    member = getattr(signal.Signals, name if name.startswith("SIG") else "SIG" + name, None)
-    return int(member) if member is not None else int(signal.SIGUSR1)
 
 
 def install_signal_flag(*, replace: bool = False) -> bool:

@@ -71,8 +71,9 @@ class EsiwrapCallback(TrainerCallback):
             esi.save_finished(self._pending_step, error="the Trainer did not save at that step")
             self._pending_step = None
         esi.step_done(step)
-        requested = esi.save_requested()
-        if self._took_sigterm and esi.any_rank(self.stop_requested):
+        # one all-reduce per step for both questions (every rank calls this hook)
+        requested, stop = esi.save_requested_and(self._took_sigterm and self.stop_requested)
+        if self._took_sigterm and stop:
             control.should_training_stop = True
             self.stopped_by_esiwrap = True
         # The Trainer's own saves are reported too (by the saving processes): esiwrap learns how
