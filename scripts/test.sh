@@ -11,7 +11,7 @@ python3 -m venv .venv
 if ! command -v systemd-analyze >/dev/null; then
     apt-get update -qq && apt-get install -y -qq --no-install-recommends systemd >/dev/null
 fi
-.venv/bin/ruff check src tests examples benchmarks
+.venv/bin/ruff check esiwrap tests examples benchmarks
 .venv/bin/mypy
 # Three workers, one test file each at a time: most tests wait on real processes and signals, so
 # this cuts the wall time by more than half on 2 cores (files keep their shared fixtures, e.g. Ray).
