@@ -14,6 +14,20 @@ a row shows what that one thing does:
     moving        the deadline is renewed mid-run, then an early spot notice gives `notice` s;
                   the policies hear of each `learn_delay` s after it is announced
 
+and combinations and new shapes of run:
+
+    save-freq     the trainer also saves on its own every `save_freq` steps (verl's save_freq)
+    async         asynchronous saves: training stops for `async_block` x the save (the
+                  snapshot), the write goes on for the rest of it
+    async-big     asynchronous saves of 2-6 minutes
+    resumed       constant, on a run that starts with the previous run's state file (the same
+                  save, measured three times, and a window of steps)
+    resumed-big   big-save, with the previous run's state file
+    big-jitter    big-save with jittered steps and saves
+    big-renewal   big-save; the deadline is renewed in its last ten minutes, around the
+                  insurance save (which must then be taken again for the new deadline)
+    big-moving    big-save with a renewal and then a spot notice, as in moving
+
 In every family the deadline is drawn in [0.9, 1.1] x `horizon` (so it falls anywhere within a
 step), and reclamation comes `early` seconds before the deadline, an offset no policy knows:
 0 in most runs, up to `early_max` in a fraction `early_prob` of them.
@@ -24,7 +38,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 
 @dataclass(frozen=True)
@@ -44,6 +58,8 @@ class Params:
     learn_delay_s: float = 0.0  # how late the policies hear of a renewal or a notice (polling)
     early_prob: float = 0.1
     early_max_s: float = 120.0
+    save_freq: int = 10
+    async_block: float = 0.1
 
 
 @dataclass(frozen=True)
@@ -62,6 +78,17 @@ class Scenario:
     deadline: float  # known at time 0
     reclaim_at: float  # when the capacity really goes (the last deadline minus the offset)
     changes: list[DeadlineChange] = field(default_factory=list)
+    own_save_every: int = 0  # the trainer saves on its own at every k-th boundary (0: never)
+    blocking: list[float] | None = None  # asynchronous saves: the part that stops training
+    prior_steps: tuple[float, ...] = ()  # a state file from the previous run: step intervals...
+    prior_saves: tuple[float, ...] = ()  # ...and measured saves
+
+    def blocking_s(self, step: int) -> float:
+        """How long a save at this step's boundary stops training."""
+        return self.saves[step - 1] if self.blocking is None else self.blocking[step - 1]
+
+    def own_save(self, step: int) -> bool:
+        return self.own_save_every > 0 and step % self.own_save_every == 0
 
     def boundaries(self) -> list[float]:
         """End of every step on the training clock (no saves in between): the progress made."""
@@ -145,7 +172,7 @@ def save_drift(rng: random.Random, p: Params) -> Scenario:
                      lambda k, at: p.save_s * (1.0 + p.save_drift * at / p.horizon_s))
 
 
-def moving(rng: random.Random, p: Params) -> Scenario:
+def moving(rng: random.Random, p: Params, save: float | None = None) -> Scenario:
     """Renewed at 30-60 % of the first deadline; then a spot notice reclaims it early."""
     first = p.horizon_s * rng.uniform(0.9, 1.1)
     renewed_at = first * rng.uniform(0.3, 0.6)
@@ -154,10 +181,73 @@ def moving(rng: random.Random, p: Params) -> Scenario:
     noticed_at = rng.uniform(first, renewed - notice)
     final = noticed_at + notice
     reclaim_at = final - _early(rng, p)
-    steps, saves = _fill(reclaim_at, lambda k: p.step_s, lambda k, at: p.save_s)
+    save_s = p.save_s if save is None else save
+    steps, saves = _fill(reclaim_at, lambda k: p.step_s, lambda k, at: save_s)
     delay = p.learn_delay_s
     changes = [DeadlineChange(renewed_at + delay, renewed), DeadlineChange(noticed_at + delay, final)]
     return Scenario("moving", steps, saves, first, reclaim_at, changes)
+
+
+def save_freq(rng: random.Random, p: Params) -> Scenario:
+    base = _scenario("save-freq", rng, p, lambda k: p.step_s, lambda k, at: p.save_s)
+    return replace(base, own_save_every=p.save_freq)
+
+
+def _asynchronous(base: Scenario, family: str, p: Params) -> Scenario:
+    return replace(base, family=family, blocking=[p.async_block * s for s in base.saves])
+
+
+def async_saves(rng: random.Random, p: Params) -> Scenario:
+    return _asynchronous(constant(rng, p), "async", p)
+
+
+def async_big(rng: random.Random, p: Params) -> Scenario:
+    return _asynchronous(big_save(rng, p), "async-big", p)
+
+
+def _with_state_file(base: Scenario, family: str, rng: random.Random, p: Params) -> Scenario:
+    """The same job resumed: the previous run measured its saves (three, within 5 % of this run's
+    first) and a window of steps, and left them in the state file."""
+    size = base.saves[0]
+    prior_saves = tuple(size * rng.uniform(0.95, 1.05) for _ in range(3))
+    prior_steps = tuple(_positive(rng.gauss(p.step_s, p.jitter * p.step_s), 0.1 * p.step_s)
+                        for _ in range(20))
+    return replace(base, family=family, prior_steps=prior_steps, prior_saves=prior_saves)
+
+
+def resumed(rng: random.Random, p: Params) -> Scenario:
+    return _with_state_file(constant(rng, p), "resumed", rng, p)
+
+
+def resumed_big(rng: random.Random, p: Params) -> Scenario:
+    return _with_state_file(big_save(rng, p), "resumed-big", rng, p)
+
+
+def big_jitter(rng: random.Random, p: Params) -> Scenario:
+    size = rng.uniform(*p.big_save_s)
+    return _scenario(
+        "big-jitter", rng, p,
+        lambda k: _positive(rng.gauss(p.step_s, p.jitter * p.step_s), 0.1 * p.step_s),
+        lambda k, at: _positive(rng.gauss(size, p.jitter * size), 0.1 * size),
+    )
+
+
+def big_renewal(rng: random.Random, p: Params) -> Scenario:
+    """Big saves; the deadline is renewed (+`renewal`) in its last ten minutes, when the insurance
+    save for it is due or done, and then holds."""
+    size = rng.uniform(*p.big_save_s)
+    first = p.horizon_s * rng.uniform(0.9, 1.1)
+    renewed_at = first - rng.uniform(60.0, 600.0)
+    renewed = first + p.renewal_s
+    reclaim_at = renewed - _early(rng, p)
+    steps, saves = _fill(reclaim_at, lambda k: p.step_s, lambda k, at: size)
+    changes = [DeadlineChange(renewed_at + p.learn_delay_s, renewed)]
+    return Scenario("big-renewal", steps, saves, first, reclaim_at, changes)
+
+
+def big_moving(rng: random.Random, p: Params) -> Scenario:
+    size = rng.uniform(*p.big_save_s)
+    return replace(moving(rng, p, save=size), family="big-moving")
 
 
 FAMILIES: dict[str, Callable[[random.Random, Params], Scenario]] = {
@@ -169,6 +259,14 @@ FAMILIES: dict[str, Callable[[random.Random, Params], Scenario]] = {
     "big-save": big_save,
     "save-drift": save_drift,
     "moving": moving,
+    "save-freq": save_freq,
+    "async": async_saves,
+    "async-big": async_big,
+    "resumed": resumed,
+    "resumed-big": resumed_big,
+    "big-jitter": big_jitter,
+    "big-renewal": big_renewal,
+    "big-moving": big_moving,
 }
 
 

@@ -7,6 +7,7 @@ Datagrams keep message boundaries, need no connection, and a full or missing rec
      "stop_signal": "SIGINT", "integration": "plain", "version": "..."}
     {"type": "step", "pid": P, "step": N, "duration_s": 1.23}
     {"type": "save_begin", "pid": P, "step": N}
+    {"type": "save_snapshot", "pid": P, "step": N, "duration_s": 0.4}   (asynchronous saves)
     {"type": "save_end", "pid": P, "step": N, "ok": true, "path": "...", "duration_s": 4.5,
      "error": "..."}
 
@@ -30,7 +31,7 @@ from esiwrap.signals import SIGNAL_ENV
 SOCKET_ENV = "ESIWRAP_SOCKET"
 __all__ = ["SIGNAL_ENV", "SOCKET_ENV", "ChannelClient", "ChannelServer", "Message", "decode"]
 MAX_DATAGRAM = 64 * 1024
-MESSAGE_TYPES = frozenset({"hello", "step", "save_begin", "save_end", "bye"})
+MESSAGE_TYPES = frozenset({"hello", "step", "save_begin", "save_snapshot", "save_end", "bye"})
 
 
 @dataclass(frozen=True)

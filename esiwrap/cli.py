@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shlex
 import shutil
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any, NoReturn
 
 from esiwrap import __version__
+from esiwrap.choices import AFTER_SAVE, LOG_FORMATS, ON_SIGTERM
 from esiwrap.deadline import Answer, TimeParseError, ask_all, parse_duration, parse_when, winner
 from esiwrap.deadline.metadata import AWS_METADATA_URL, VOLCENGINE_METADATA_URL
 from esiwrap.deadline.registry import (
@@ -123,6 +125,37 @@ def _bool(text: str) -> bool:
     raise ValueError(msg)
 
 
+def _factor(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value) or value < 1.0:
+        msg = "must be a number of at least 1"
+        raise ValueError(msg)
+    return value
+
+
+def _rate(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value) or value < 0.0:
+        msg = "must be a number of interruptions a day, 0 or more"
+        raise ValueError(msg)
+    return value
+
+
+def _state_file(text: str) -> str:
+    path = os.path.abspath(os.path.expanduser(text.strip()))
+    directory = os.path.dirname(path)
+    if os.path.isdir(path):
+        msg = "is a directory; name a file in it, e.g. /mnt/checkpoints/job/esiwrap-state.json"
+        raise ValueError(msg)
+    if not os.path.isdir(directory):
+        msg = f"directory {directory} does not exist; create it (next to the checkpoints)"
+        raise ValueError(msg)
+    if not os.access(directory, os.W_OK):
+        msg = f"directory {directory} is not writable"
+        raise ValueError(msg)
+    return path
+
+
 def _signal_parser(allowed: Sequence[str]) -> Callable[[str], int]:
     def parse(text: str) -> int:
         signum = signal_number(text)
@@ -200,15 +233,22 @@ SOURCE_OPTIONS = (
 RUN_OPTIONS = (
     Option("--redundant-time", _seconds, 120.0, "120", "slack before the deadline for the insurance save"),
     Option("--save-duration", _seconds, 60.0, "60", "initial save-time estimate, until a save is measured"),
+    Option("--unmeasured-factor", _factor, 6.0, "6",
+           "until a save is measured, the insurance save assumes --save-duration times this"),
+    Option("--interruption-rate", _rate, 1.0, "1",
+           "interruptions a day to guard against with periodic saves (Young/Daly); 0 turns them off"),
+    Option("--state-file", _state_file, None, "/mnt/checkpoints/job/esiwrap-state.json",
+           "keep this job's measured step and save times here, for the next run"),
     Option("--step-window", _positive_int, 100, "100", "how many recent step intervals to learn from"),
     Option("--step-quantile", _quantile, 0.99, "0.99 or max", "quantile of the window used as the step time"),
     Option("--final-save", _bool, True, "true", "after the insurance save, keep training and save again"),
-    Option("--final-margin", _seconds, 10.0, "10", "slack before the deadline for final saves"),
-    Option("--after-save", _choice(("stop", "continue")), "stop", "stop",
-           "what to do once the last planned save is acknowledged", ("stop", "continue")),
+    Option("--final-margin", _seconds, 5.0, "5", "slack before the deadline for final saves"),
+    Option("--after-save", _choice(AFTER_SAVE), "stop", "stop",
+           "once the last planned save is acknowledged: stop the child, let it train until the stop "
+           "must begin (linger: a later deadline is followed), or leave it running", AFTER_SAVE),
     Option("--stop-grace", _seconds, 30.0, "30", "seconds between the stop signal and SIGKILL"),
-    Option("--on-sigterm", _choice(("checkpoint", "forward")), "checkpoint", "checkpoint",
-           "SIGTERM to esiwrap: save first, or just forward", ("checkpoint", "forward")),
+    Option("--on-sigterm", _choice(ON_SIGTERM), "checkpoint", "checkpoint",
+           "SIGTERM to esiwrap: save first, or just forward", ON_SIGTERM),
     Option("--signal", _signal_parser(SAVE_SIGNALS), int(signal.SIGUSR1), "SIGUSR1",
            "the save signal sent to registered trainers", SAVE_SIGNALS),
     Option("--signal-child", _bool, False, "true",
@@ -219,8 +259,8 @@ RUN_OPTIONS = (
 
 LOG_OPTIONS = (
     Option("--log-file", _identity, None, "/var/log/esiwrap/job.jsonl", "also write JSON lines here"),
-    Option("--log-format", _choice(("json", "console")), None, "json",
-           "json (default when stderr is not a terminal) or console", ("json", "console")),
+    Option("--log-format", _choice(LOG_FORMATS), None, "json",
+           "json (default when stderr is not a terminal) or console", LOG_FORMATS),
     Option("--log-level", _choice(("debug", "info", "warning", "error")), "info", "info",
            "least severe level written", ("debug", "info", "warning", "error")),
 )
@@ -326,10 +366,30 @@ def policy_config(values: Mapping[str, Any]) -> PolicyConfig:
     return PolicyConfig(
         redundant_s=values["redundant_time"],
         save_duration_s=values["save_duration"],
+        unmeasured_factor=values["unmeasured_factor"],
+        interruption_rate_per_day=values["interruption_rate"],
         step_window=values["step_window"],
         step_quantile=values["step_quantile"],
         final_save=values["final_save"],
         final_margin_s=values["final_margin"],
+    )
+
+
+def supervisor_config(command: Sequence[str], values: Mapping[str, Any], run_id: str = "") -> Any:
+    """The supervisor's settings from the run options (also what benchmarks/simulate.py runs)."""
+    from esiwrap.supervisor import SupervisorConfig
+
+    return SupervisorConfig(
+        argv=list(command),
+        policy=policy_config(values),
+        save_signal=values["signal"],
+        stop_signal=values["stop_signal"],
+        stop_grace_s=values["stop_grace"],
+        after_save=values["after_save"],
+        on_sigterm=values["on_sigterm"],
+        signal_child=values["signal_child"],
+        run_id=run_id,
+        state_file=values["state_file"],
     )
 
 
@@ -346,21 +406,11 @@ def run(argv: Sequence[str], environ: Mapping[str, str]) -> int:
     values = resolve_options(ns, SOURCE_OPTIONS + RUN_OPTIONS + LOG_OPTIONS, environ)
 
     from esiwrap import log
-    from esiwrap.supervisor import Supervisor, SupervisorConfig
+    from esiwrap.supervisor import Supervisor
 
     run_id = log.new_run_id()
     log.configure(run_id, level=values["log_level"], fmt=values["log_format"], log_file=values["log_file"])
-    config = SupervisorConfig(
-        argv=command,
-        policy=policy_config(values),
-        save_signal=values["signal"],
-        stop_signal=values["stop_signal"],
-        stop_grace_s=values["stop_grace"],
-        after_save=values["after_save"],
-        on_sigterm=values["on_sigterm"],
-        signal_child=values["signal_child"],
-        run_id=run_id,
-    )
+    config = supervisor_config(command, values, run_id)
     sources = build_sources(values["sources"], source_settings(values), environ, time.time())
     return Supervisor(config, sources, environ).run()
 

@@ -13,7 +13,9 @@ place that says when the loop must wake next:
                     latest graceful stop while no trainer has attached to take the signal
     DRAINING        stopping as soon as the outstanding save is acknowledged (SIGTERM, a deadline
                     learned too late); the acknowledgement wait
-    CONTINUING      the planned saves are done, the child keeps running (`--after-save continue`)
+    CONTINUING      the planned saves are done, the child keeps running: until the stop must begin
+                    to end before the deadline (`--after-save linger`: a deadline that moves later
+                    is followed), or for good (`--after-save continue`)
     STOPPING        the stop signal went to the child; its grace period
     KILLING         SIGKILL went to the tree; the wait for it to vanish
 """
@@ -27,12 +29,14 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from esiwrap import events as ev
+from esiwrap.choices import AfterSave, OnSigterm
 from esiwrap.deadline.chain import Answer, winner
 from esiwrap.deadline.value import Deadline, iso_utc
 from esiwrap.errors import EXIT_CHECKPOINTED, EXIT_FAILURE, EXIT_SAVE_MISSED
 from esiwrap.policy import (
     Observations,
     PolicyConfig,
+    Prior,
     SavePlan,
     moved_enough,
     needed_s,
@@ -42,8 +46,6 @@ from esiwrap.policy import (
     step_estimate_s,
 )
 
-AfterSave = Literal["stop", "continue"]
-OnSigterm = Literal["checkpoint", "forward"]
 Level = Literal["debug", "info", "warning", "error"]
 
 KILL_WAIT_S = 5.0  # after SIGKILL, how long to wait for the tree to vanish
@@ -117,6 +119,15 @@ class SaveBegin:
 
 
 @dataclass(frozen=True)
+class SaveSnapshot:
+    """An asynchronous save's blocking part is done: training goes on while the write continues."""
+
+    pid: int
+    step: int
+    duration_s: float = 0.0
+
+
+@dataclass(frozen=True)
 class SaveEnd:
     pid: int
     step: int
@@ -152,7 +163,8 @@ class TreeChecked:
 
 
 Event = (
-    ChildStarted | Hello | TrainerGone | Step | SaveBegin | SaveEnd | DeadlineAnswers | SignalReceived
+    ChildStarted | Hello | TrainerGone | Step | SaveBegin | SaveSnapshot | SaveEnd | DeadlineAnswers
+    | SignalReceived
     | ChildExited | TreeChecked
 )
 
@@ -228,8 +240,10 @@ class SaveRequest:
     requested_at: float
     signalled: set[int] = field(default_factory=set)
     begun: dict[int, int] = field(default_factory=dict)  # pid -> step
+    snapshots: dict[int, SaveSnapshot] = field(default_factory=dict)
     done: dict[int, SaveEnd] = field(default_factory=dict)
     save_started_mono: float | None = None
+    save_started_at: float | None = None  # wall: the boundary the checkpoint holds
 
 
 @dataclass
@@ -243,10 +257,10 @@ class StopState:
 class Controller:
     """Events in, actions out. Every public method returns the actions to carry out, in order."""
 
-    def __init__(self, config: ControllerConfig) -> None:
+    def __init__(self, config: ControllerConfig, prior: Prior | None = None) -> None:
         self.config = config
         self.mode = Mode.RUNNING
-        self.obs = Observations(config.policy.step_window)
+        self.obs = Observations(config.policy.step_window, prior)
         self.deadline: Deadline | None = None
         self.deadline_pending = True  # no deadline answer handed over yet
         self._known: dict[str, Deadline] = {}
@@ -287,6 +301,9 @@ class Controller:
 
     def _wall_timers(self) -> list[float]:
         timers: list[float] = []
+        if self.mode is Mode.CONTINUING and self.config.after_save == "linger":
+            stop_at = self._latest_stop_at()
+            return [stop_at] if stop_at is not None else []
         if self.mode in (Mode.RUNNING, Mode.SAVE_REQUESTED) and self.deadline is not None:
             timers.append(self.deadline.at)
             if self.mode is Mode.RUNNING and self.plan is not None:
@@ -314,7 +331,9 @@ class Controller:
             self._fire_due_timer(now)
 
     def _fire_due_timer(self, now: Now) -> None:
-        if self.mode is Mode.DRAINING:
+        if self.mode is Mode.CONTINUING:
+            self._begin_stop("checkpoint complete", EXIT_CHECKPOINTED, now)
+        elif self.mode is Mode.DRAINING:
             if self._ack_until is not None and now.mono >= self._ack_until:
                 self._ack_wait_over(now)
         elif self.mode in (Mode.STOPPING, Mode.KILLING):
@@ -397,8 +416,17 @@ class Controller:
         first = not request.begun
         request.begun[event.pid] = event.step
         if first:
-            request.save_started_mono = now.mono
+            request.save_started_mono, request.save_started_at = now.mono, now.wall
             self._log("info", ev.SAVE_STARTED, step=event.step, pid=event.pid, requested=True)
+
+    def _on_save_snapshot(self, event: SaveSnapshot, now: Now) -> None:
+        request = self.request
+        if request is None or event.pid in request.snapshots:
+            return  # the trainer's own asynchronous save: its end is what counts
+        first = not request.snapshots
+        request.snapshots[event.pid] = event
+        if first:  # training resumes now, while the write goes on
+            self.obs.record_blocking(event.duration_s, now.wall)
 
     def _on_save_end(self, event: SaveEnd, now: Now) -> None:
         if not event.ok:
@@ -406,9 +434,11 @@ class Controller:
             return  # the trainer keeps its flag and tries again at the next boundary
         request = self.request
         if request is None:
-            self.obs.record_save(event.duration_s)
+            self.obs.record_save(event.duration_s, now.wall)
             self._save_completed_log(event.step, [event], now, requested=False)
             self.last_saved_step = event.step
+            self.any_save_completed = True  # the trainer's own checkpoint is one too
+            self._replan(now)
             return
         request.done[event.pid] = event
         self._check_acknowledged(request, now)
@@ -421,7 +451,10 @@ class Controller:
 
     def _acknowledged(self, request: SaveRequest, now: Now) -> None:
         messages = list(request.done.values())
-        self.obs.record_requested_save(max(m.duration_s for m in messages), now.wall)
+        duration = max(m.duration_s for m in messages)
+        if not request.snapshots:  # synchronous: training stood still for all of it
+            self.obs.record_blocking(duration, now.wall)
+        self.obs.record_save(duration, now.wall, request.save_started_at)
         self.any_save_completed = True
         self.request = None
         step = max(m.step for m in messages)
@@ -435,7 +468,8 @@ class Controller:
             self.mode = Mode.RUNNING
         if request.reason == "manual":
             return  # a save by hand changes nothing in the plan
-        self.saves_done += 1
+        if request.kind in ("insurance", "final"):
+            self.saves_done += 1
         self.plan = None
         self._logged_signal_at = None  # the next plan is a new save: always log it
         self._replan(now)
@@ -563,7 +597,7 @@ class Controller:
             self._no_further_save(now)
             return
         self.plan = plan
-        if self.saves_done == 0 and plan.signal_at <= now.wall and not self._warned_too_close:
+        if plan.kind == "insurance" and plan.signal_at <= now.wall and not self._warned_too_close:
             self._warned_too_close = True
             self._log("warning", ev.DEADLINE_TOO_CLOSE, remaining_s=self._remaining(now),
                       needed_s=_round(needed_s(plan)))
@@ -575,15 +609,31 @@ class Controller:
                 "info", ev.SAVE_SCHEDULED, kind=plan.kind, signal_at=iso_utc(plan.nominal_at),
                 in_s=_round(plan.nominal_at - now.wall), step_estimate_s=_round(plan.step_estimate_s),
                 save_estimate_s=_round(plan.save_estimate_s), reserve_s=_round(plan.reserve_s),
+                why=plan.why,
             )
 
     def _no_further_save(self, now: Now) -> None:
+        """The last planned save is done: stop (`--after-save stop`), or let training go on. With
+        `linger`, until the stop must begin to end before the deadline (nothing trained now can be
+        saved, but a deadline that moves later is followed); with `continue`, for good."""
         self.plan = None
-        if self.config.after_save == "stop":
-            self._begin_stop("checkpoint complete", EXIT_CHECKPOINTED, now)
-        else:
+        if self.config.after_save == "continue":
             self.mode = Mode.CONTINUING
             self._log("info", ev.TRAINING_CONTINUES, reason="--after-save continue")
+            return
+        stop_at = self._latest_stop_at()
+        if self.config.after_save == "stop" or stop_at is None or stop_at <= now.wall:
+            self._begin_stop("checkpoint complete", EXIT_CHECKPOINTED, now)
+            return
+        self.mode = Mode.CONTINUING
+        self._log("info", ev.TRAINING_CONTINUES, reason="no further save fits; training goes on in case "
+                  "the deadline moves later", stop_at=iso_utc(stop_at), in_s=_round(stop_at - now.wall))
+
+    def _latest_stop_at(self) -> float | None:
+        """When the stop sequence must begin for esiwrap to exit before the deadline."""
+        if self.deadline is None:
+            return None
+        return self.deadline.at - self.config.stop_grace_s - KILL_WAIT_S
 
     def _request_save(self, reason: str, now: Now) -> None:
         targets = self._signal_targets()
@@ -597,7 +647,7 @@ class Controller:
             self.mode = Mode.SAVE_REQUESTED
         planned = {} if plan is None else {  # the plan as it stood when it fired (for `esiwrap report`)
             "planned_at": iso_utc(plan.signal_at), "step_estimate_s": _round(plan.step_estimate_s),
-            "save_estimate_s": _round(plan.save_estimate_s),
+            "save_estimate_s": _round(plan.save_estimate_s), "why": plan.why,
         }
         self._log("info", ev.SAVE_REQUESTED, reason=reason, kind=kind, remaining_s=self._remaining(now),
                   signal=self.config.save_signal, pids=targets, **planned)

@@ -1,6 +1,6 @@
 """When to ask for a checkpoint: pure functions of what was observed; time is always an argument.
 
-The rule (verl's, with measured inputs):
+The rule for a save that must land before the deadline (verl's, with measured inputs):
 
     signal_at = deadline - (step_estimate + save_estimate + reserve)
 
@@ -8,17 +8,29 @@ A signal at `signal_at` becomes a save at the trainer's next step boundary, whic
 step later; the save then takes `save_estimate`; `reserve` is slack (`--redundant-time` for the
 insurance save, `--final-margin` for the saves after it).
 
-* step_estimate: the `--step-quantile` of the last `--step-window` boundary-to-boundary intervals
-  (validation and the trainer's own saves count; saves esiwrap asked for are measured separately and
-  subtracted). The time the current step has already run is a lower bound, before the first interval
-  is known too: never assume 0 (verl's bug). Final saves use the median instead
-  (FINAL_STEP_QUANTILE): the insurance checkpoint already holds, so a final save that lands late
-  loses nothing, and aiming at the typical step rather than the slowest one keeps a warm-up step,
-  a validation step or a heavy tail from ending training minutes early (benchmarks/simulate.py).
-* save_estimate: `--save-duration` until a save is observed, then the longest observed save times
-  SAVE_SAFETY_FACTOR, so it never falls below what was seen.
+Four kinds of save, in the order a run meets them:
 
-The supervisor and `benchmarks/simulate.py` both drive this module; nothing here reads a clock.
+* calibration: nothing measured yet and the deadline is hours away (more than
+  CALIBRATION_HORIZON_FACTOR unmeasured saves, and an hour): one save now, so that no later decision rests on
+  a guess. It is a real checkpoint of the early work.
+* periodic: a checkpoint cadence that bounds the work at risk from an interruption that comes
+  with less warning than a step plus a save (a spot notice after a renewal). Young/Daly's
+  interval, sqrt(2 x save cost / rate), for `--interruption-rate` interruptions a day; skipped
+  when the insurance save comes within half an interval anyway.
+* insurance: the save that must not fail. Planned with the high step quantile, the longest
+  measured save (growth-aware) x SAVE_SAFETY_FACTOR and `--redundant-time`; before any save has
+  been measured, with `--save-duration` x `--unmeasured-factor`: it never bets the run on a guess.
+* final: after the insurance save, the last boundary that still fits, with the median step, the
+  measured save x FINAL_SAVE_FACTOR and `--final-margin`. A final save that lands late loses
+  nothing: the insurance checkpoint is complete.
+
+Save estimates are growth-aware: with two or more saves measured in this run, the trend of their
+durations is extrapolated to the moment the planned save would run, and the estimate is the larger
+of that and the longest save seen. Saves may be asynchronous: the blocking part (the snapshot)
+stops training, the durable part is what must end before the deadline.
+
+The supervisor's controller and `benchmarks/simulate.py` both drive this module; nothing here
+reads a clock.
 """
 
 from __future__ import annotations
@@ -29,23 +41,40 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-SAVE_SAFETY_FACTOR = 1.25
-FINAL_STEP_QUANTILE = 0.5
+SAVE_SAFETY_FACTOR = 1.25  # insurance: checkpoint writes vary with disk and page cache
+FINAL_SAVE_FACTOR = 1.05  # final saves: a late one loses nothing, so aim closer
+FINAL_STEP_QUANTILES = (0.5, 0.75, 0.9, 0.95, 0.99, 1.0)  # the candidates for a final save's step
+INSURANCE_WORTH_FACTOR = 10.0  # an insurance save must protect this many times its cost in work
+CALIBRATION_HORIZON_FACTOR = 20.0  # calibrate when the deadline is this many unmeasured saves away
+CALIBRATION_MIN_HORIZON_S = 3600.0  # ...and at least an hour away
+PERIODIC_SKIP_FRACTION = 0.5  # no periodic save when the insurance save comes within this x interval
+SECONDS_PER_DAY = 86_400.0
 RESCHEDULE_LOG_THRESHOLD_S = 5.0
 
-SaveKind = Literal["insurance", "final"]
+SaveKind = Literal["calibration", "periodic", "insurance", "final"]
 
 
 @dataclass(frozen=True)
 class PolicyConfig:
     redundant_s: float = 120.0
-    save_duration_s: float = 60.0
+    save_duration_s: float = 60.0  # what a save is expected to take until one is measured
+    unmeasured_factor: float = 6.0  # the insurance save's margin on that guess, until measured
     step_window: int = 100
     step_quantile: float = 0.99  # 1.0 is the maximum (`--step-quantile max`)
     final_save: bool = True
-    final_margin_s: float = 10.0
+    final_margin_s: float = 5.0
+    interruption_rate_per_day: float = 1.0  # the periodic cadence's assumption; 0 turns it off
     save_safety_factor: float = SAVE_SAFETY_FACTOR
-    final_step_quantile: float = FINAL_STEP_QUANTILE  # never above step_quantile
+    final_save_factor: float = FINAL_SAVE_FACTOR
+
+
+@dataclass(frozen=True)
+class Prior:
+    """What earlier runs of this job measured (the state file): step intervals and save durations."""
+
+    steps: Sequence[float] = ()
+    saves: Sequence[float] = ()
+    blocking: Sequence[float] = ()  # the blocking part of asynchronous saves
 
 
 def quantile(values: Sequence[float], q: float) -> float:
@@ -61,17 +90,39 @@ def quantile(values: Sequence[float], q: float) -> float:
 class Observations:
     """What the trainer has told the supervisor so far; updated only from arguments."""
 
-    def __init__(self, step_window: int) -> None:
+    def __init__(self, step_window: int, prior: Prior | None = None) -> None:
         self.intervals: deque[float] = deque(maxlen=step_window)
-        self.longest_save_s: float | None = None  # only the longest save counts
+        self.saves: list[tuple[float, float]] = []  # (wall time it ended, durable duration), this run
+        self.prior = prior or Prior()
+        self.blocking: list[float] = []  # how long each save esiwrap asked for stopped training
         self.last_step: int | None = None
         self.step_started_at: float | None = None  # wall time the running step began
+        self.checkpoint_at: float | None = None  # wall time of the boundary the last checkpoint holds
         self._exclude_next_s = 0.0
+        self.intervals.extend(self.prior.steps)
+
+    @property
+    def longest_blocking_s(self) -> float | None:
+        parts = [*self.blocking, *self.prior.blocking]
+        return max(parts) if parts else None
+
+    @property
+    def measured(self) -> bool:
+        """A save duration was measured: in this run, or by an earlier one (the state file)."""
+        return bool(self.saves or self.prior.saves)
+
+    @property
+    def longest_save_s(self) -> float | None:
+        durations = [d for _, d in self.saves] + list(self.prior.saves)
+        return max(durations) if durations else None
 
     def trainer_started(self, at: float) -> None:
-        """A trainer attached: its current step began no later than now."""
+        """A trainer attached: its current step began no later than now; the work it resumed from
+        is the checkpoint the run started with."""
         if self.step_started_at is None:
             self.step_started_at = at
+        if self.checkpoint_at is None:
+            self.checkpoint_at = at
 
     def record_step(self, step: int, duration_s: float, at: float) -> float:
         """A step boundary at `at`; returns the interval that entered the window."""
@@ -82,19 +133,28 @@ class Observations:
         self.step_started_at = at
         return interval
 
-    def record_save(self, duration_s: float) -> None:
-        """A measured save (the trainer's own ones too): it feeds the save estimate."""
-        self.longest_save_s = max(duration_s, self.longest_save_s or 0.0)
+    def record_save(self, duration_s: float, at: float, began_at: float | None = None) -> None:
+        """A completed save (the trainer's own ones too): it feeds the save estimate, and the
+        boundary it was taken at is the latest checkpoint."""
+        self.saves.append((at, duration_s))
+        checkpoint = began_at if began_at is not None else at - duration_s
+        self.checkpoint_at = max(checkpoint, self.checkpoint_at or checkpoint)
+
+    def record_blocking(self, blocking_s: float, at: float) -> None:
+        """A save esiwrap asked for stopped training for `blocking_s` (all of it for a synchronous
+        save, the snapshot for an asynchronous one); training resumed at `at`.
+
+        That time is counted in the save estimates, so it is taken out of the interval that holds
+        it, and the running step is taken to begin when training resumed.
+        """
+        self.blocking.append(blocking_s)
+        self._exclude_next_s += blocking_s
+        self.step_started_at = at
 
     def record_requested_save(self, duration_s: float, at: float) -> None:
-        """A save esiwrap asked for ended at `at`; training resumes now.
-
-        Its time is counted in the save estimate, so it is taken out of the interval that
-        contains it, and the running step is taken to begin when the save ended.
-        """
-        self.record_save(duration_s)
-        self._exclude_next_s += duration_s
-        self.step_started_at = at
+        """A synchronous save esiwrap asked for ended at `at` (blocking for all of it)."""
+        self.record_blocking(duration_s, at)
+        self.record_save(duration_s, at)
 
 
 def step_estimate_s(obs: Observations, config: PolicyConfig) -> float | None:
@@ -102,17 +162,91 @@ def step_estimate_s(obs: Observations, config: PolicyConfig) -> float | None:
     return quantile(list(obs.intervals), config.step_quantile) if obs.intervals else None
 
 
-def final_step_estimate_s(obs: Observations, config: PolicyConfig) -> float | None:
-    """The typical step, for final saves: the insurance checkpoint covers one that lands late."""
+def final_step_estimate_s(obs: Observations, config: PolicyConfig, room_s: float) -> float | None:
+    """The step a final save plans with, chosen for the most expected progress.
+
+    Planning with the q-quantile of the window, the save lands in time with probability about q
+    (the next step is no longer than that), and then holds about `room_s - step_q` more seconds of
+    training than the last checkpoint, `room_s` being the time from that checkpoint to the latest
+    moment the save may begin. The quantile that maximizes q x (room_s - step_q) wins: the median
+    when the last checkpoint is recent (a late final save loses little), a higher quantile when it
+    is far back. Never above `--step-quantile`.
+    """
     if not obs.intervals:
         return None
-    return quantile(list(obs.intervals), min(config.final_step_quantile, config.step_quantile))
+    values = sorted(obs.intervals)
+    best: tuple[float, float] | None = None
+    for q in FINAL_STEP_QUANTILES:
+        if q > config.step_quantile and best is not None:
+            break
+        step = quantile(values, min(q, config.step_quantile))
+        value = q * (room_s - step)
+        if best is None or value > best[0]:
+            best = (value, step)
+    assert best is not None
+    return best[1]
 
 
-def save_estimate_s(obs: Observations, config: PolicyConfig) -> float:
-    if obs.longest_save_s is None:
-        return config.save_duration_s
-    return obs.longest_save_s * config.save_safety_factor
+def unmeasured_save_s(config: PolicyConfig) -> float:
+    """What the insurance save assumes before any save was measured."""
+    return config.save_duration_s * max(1.0, config.unmeasured_factor)
+
+
+def calibration_horizon_s(config: PolicyConfig) -> float:
+    """How far away the deadline must be for a calibration save to pay for itself."""
+    return max(CALIBRATION_MIN_HORIZON_S, CALIBRATION_HORIZON_FACTOR * unmeasured_save_s(config))
+
+
+def measured_save_s(obs: Observations, at: float | None = None) -> float | None:
+    """The longest measured save, or the trend of this run's saves at `at` if that is longer."""
+    longest = obs.longest_save_s
+    if longest is None:
+        return None
+    trend = save_trend_s(obs.saves, at) if at is not None else None
+    return max(longest, trend or 0.0)
+
+
+def save_trend_s(saves: Sequence[tuple[float, float]], at: float) -> float | None:
+    """Least-squares line through (end time, duration) of two or more saves, at `at`; None when
+    the saves do not grow (a flat or falling trend adds nothing to the longest save seen)."""
+    if len(saves) < 2:
+        return None
+    n = len(saves)
+    mean_t = sum(t for t, _ in saves) / n
+    mean_d = sum(d for _, d in saves) / n
+    spread = sum((t - mean_t) ** 2 for t, _ in saves)
+    if spread <= 0:
+        return None
+    slope = sum((t - mean_t) * (d - mean_d) for t, d in saves) / spread
+    if slope <= 0:
+        return None
+    return mean_d + slope * (at - mean_t)
+
+
+def save_estimate_s(obs: Observations, config: PolicyConfig, kind: SaveKind = "insurance",
+                    at: float | None = None) -> float:
+    """The durable save time a plan of this kind counts on, for a save around `at`."""
+    measured = measured_save_s(obs, at)
+    if measured is None:
+        return unmeasured_save_s(config) if kind == "insurance" else config.save_duration_s
+    factor = config.final_save_factor if kind == "final" else config.save_safety_factor
+    return measured * factor
+
+
+def save_cost_s(obs: Observations, config: PolicyConfig) -> float:
+    """How long a save stops training: the longest blocking part seen, else the expected save."""
+    if obs.longest_blocking_s is not None:
+        return obs.longest_blocking_s
+    return obs.longest_save_s if obs.longest_save_s is not None else config.save_duration_s
+
+
+def periodic_interval_s(obs: Observations, config: PolicyConfig) -> float | None:
+    """Young/Daly: the checkpoint interval that minimizes expected lost work plus checkpoint cost
+    for interruptions at `--interruption-rate` a day; None when the cadence is off."""
+    if config.interruption_rate_per_day <= 0:
+        return None
+    rate_per_s = config.interruption_rate_per_day / SECONDS_PER_DAY
+    return math.sqrt(2.0 * max(save_cost_s(obs, config), 1e-3) / rate_per_s)
 
 
 def latest_signal_at(cutoff: float, step_s: float | None, step_started_at: float | None) -> float:
@@ -142,18 +276,50 @@ class SavePlan:
     save_estimate_s: float
     reserve_s: float
     nominal_at: float = 0.0  # deadline - (step + save + reserve): the plan while steps stay usual
+    why: str = ""  # one phrase for people: why this save
 
 
 def plan_save(deadline: float, obs: Observations, config: PolicyConfig, kind: SaveKind) -> SavePlan:
-    step = step_estimate_s(obs, config)
-    if kind == "final":
-        step = final_step_estimate_s(obs, config)
-    save = save_estimate_s(obs, config)
-    reserve = config.redundant_s if kind == "insurance" else config.final_margin_s
+    """The insurance or a final save against `deadline`."""
+    save = save_estimate_s(obs, config, kind, at=deadline)
+    reserve = config.final_margin_s if kind == "final" else config.redundant_s
     cutoff = deadline - save - reserve
+    if kind == "final":
+        step = final_step_estimate_s(obs, config, cutoff - (obs.checkpoint_at or cutoff))
+    else:
+        step = step_estimate_s(obs, config)
     signal_at = latest_signal_at(cutoff, step, obs.step_started_at)
     nominal_at = cutoff - step if step is not None else signal_at
-    return SavePlan(kind, signal_at, step or 0.0, save, reserve, nominal_at)
+    return SavePlan(kind, signal_at, step or 0.0, save, reserve, nominal_at, _why(kind, obs, save))
+
+
+def _why(kind: SaveKind, obs: Observations, save_s: float) -> str:
+    if kind == "final":
+        return "final: the last step boundary before the deadline that a measured save still fits"
+    if obs.saves:
+        source = "save measured"
+    elif obs.prior.saves:
+        source = "save measured by an earlier run (state file)"
+    else:
+        source = "no save measured yet"
+    return f"insurance: must land before the deadline; {source}, planned as {save_s:.0f}s"
+
+
+def _periodic(obs: Observations, config: PolicyConfig, interval_s: float, now: float) -> SavePlan:
+    step = step_estimate_s(obs, config) or 0.0
+    due = (obs.checkpoint_at if obs.checkpoint_at is not None else now) + interval_s
+    signal_at = latest_signal_at(due, step, obs.step_started_at)
+    cost = save_cost_s(obs, config)
+    why = (f"periodic: {interval_s / 60:.0f}m since the last checkpoint (Young/Daly for "
+           f"{config.interruption_rate_per_day:g} interruption(s) a day, a save stops training {cost:.0f}s)")
+    return SavePlan("periodic", signal_at, step, cost, 0.0, due - step, why)
+
+
+def _calibration(obs: Observations, config: PolicyConfig, now: float) -> SavePlan:
+    why = ("calibration: no save measured yet and the deadline is hours away; measure one now "
+           "(it is a checkpoint too)")
+    return SavePlan("calibration", now, step_estimate_s(obs, config) or 0.0, config.save_duration_s,
+                    0.0, now, why)
 
 
 def next_save(
@@ -161,16 +327,41 @@ def next_save(
 ) -> SavePlan | None:
     """The next save to ask for, or None when no further save fits.
 
-    The first save is insurance and is always planned (if its moment has passed, ask at once).
-    After it, with `final_save`, keep training and plan again with the smaller final margin, as
-    long as that moment is still ahead: the save then lands on a later boundary than the last one.
+    Before the insurance save (`saves_done == 0`): a calibration save if nothing was measured and
+    the deadline is hours away; the final save if a recent checkpoint already insures the run;
+    else a periodic save if the cadence says one is due well before the insurance save; else the
+    insurance save, always (if its moment has passed, ask at once). After it, with `final_save`,
+    a final save as long as its moment is still ahead.
     """
     if saves_done == 0:
-        return plan_save(deadline, obs, config, "insurance")
+        insurance = plan_save(deadline, obs, config, "insurance")
+        if not obs.measured and deadline - now > calibration_horizon_s(config):
+            return _calibration(obs, config, now)
+        if recent_checkpoint_insures(insurance, obs, config):
+            return next_save(deadline, obs, config, 1, now)
+        interval = periodic_interval_s(obs, config)
+        if interval is not None:
+            periodic = _periodic(obs, config, interval, now)
+            if periodic.signal_at < insurance.signal_at - PERIODIC_SKIP_FRACTION * interval \
+                    and insurance.signal_at > now:
+                return periodic
+        return insurance
     if not config.final_save:
         return None
+    insurance = plan_save(deadline, obs, config, "insurance")
+    if insurance.signal_at >= now and not recent_checkpoint_insures(insurance, obs, config):
+        return insurance  # the last checkpoint is far back (an unmeasured guess): insure again
     plan = plan_save(deadline, obs, config, "final")
     return plan if plan.signal_at >= now else None
+
+
+def recent_checkpoint_insures(insurance: SavePlan, obs: Observations, config: PolicyConfig) -> bool:
+    """A checkpoint of this run (the trainer's own, a periodic one) is recent enough that the
+    insurance save would protect less than INSURANCE_WORTH_FACTOR times its own cost in work:
+    it takes the insurance save's place, and the final save is planned right away."""
+    if not obs.saves or obs.checkpoint_at is None:
+        return False
+    return insurance.signal_at - obs.checkpoint_at < INSURANCE_WORTH_FACTOR * save_cost_s(obs, config)
 
 
 def replan(
@@ -183,11 +374,12 @@ def replan(
 ) -> SavePlan | None:
     """What the supervisor does on every input change (a step, an acknowledged save, a deadline).
 
-    With no save decided yet, decide with `next_save` whether there is a next one at all (None:
-    no further save fits, stop). Once decided, the kind is kept and only its moment moves as the
+    Before the insurance save (`saves_done == 0`) decide afresh with `next_save` every time: which
+    save comes first (calibration, periodic, insurance) changes with what is measured and with the
+    deadline. Once a final save is decided, its kind is kept and only its moment moves as the
     estimates and the deadline change.
     """
-    if decided is None:
+    if decided is None or saves_done == 0:
         return next_save(deadline, obs, config, saves_done, now)
     return plan_save(deadline, obs, config, decided.kind)
 

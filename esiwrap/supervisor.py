@@ -23,9 +23,10 @@ from typing import Any
 
 from esiwrap import controller as core
 from esiwrap import events as ev
-from esiwrap import process, systemd
+from esiwrap import process, state, systemd
 from esiwrap.channel import SIGNAL_ENV, SOCKET_ENV, ChannelServer, Message
-from esiwrap.controller import AfterSave, Controller, ControllerConfig, Now, OnSigterm
+from esiwrap.choices import AfterSave, OnSigterm
+from esiwrap.controller import Controller, ControllerConfig, Now
 from esiwrap.deadline import Source, ask
 from esiwrap.errors import EXIT_FAILURE, CommandError, Halt
 from esiwrap.integrations import bootstrap_dir
@@ -40,6 +41,7 @@ HANDLED = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGCHLD, *FORWA
 MAX_WAIT_S = 60.0  # re-read the wall clock at least this often: it can jump
 POLL_WITHOUT_PIDFD_S = 0.2  # only while stopping, on kernels without pidfd_open
 HAS_PIDFD = hasattr(os, "pidfd_open")
+LogNote = tuple[str, str, dict[str, Any]]  # level, event, fields
 RESERVED_HELLO_KEYS = frozenset({"type", "pid", "event", "level", "timestamp", "run_id"})
 
 
@@ -54,6 +56,7 @@ class SupervisorConfig:
     on_sigterm: OnSigterm = "checkpoint"
     signal_child: bool = False
     run_id: str = ""
+    state_file: str | None = None
 
     def controller_config(self) -> ControllerConfig:
         return ControllerConfig(
@@ -73,7 +76,12 @@ class Supervisor:
     ) -> None:
         self.config = config
         self.log = get_logger()
-        self.controller = Controller(config.controller_config())
+        self._job_state, state_note = _load_state(config.state_file, clock())
+        prior = self._job_state.prior() if self._job_state is not None else None
+        self.controller = Controller(config.controller_config(), prior=prior)
+        self._state_note = state_note  # logged once the child runs
+        self._saves_kept = 0
+        self._state_failed = False
         self._environ = dict(os.environ if environ is None else environ)
         self._clock = clock
         # Sources whose answer cannot change are local and instant: asked before the child starts.
@@ -123,6 +131,9 @@ class Supervisor:
         process.become_subreaper()
         pid = process.spawn(self.config.argv, env, death_signal=signal.SIGTERM)
         self._feed(core.ChildStarted(pid, tuple(self.config.argv)))
+        if self._state_note is not None:
+            level, event, fields = self._state_note
+            getattr(self.log, level)(event, **fields)
         if self._static:  # known before READY, so the first status line already has the deadline
             self._feed(core.DeadlineAnswers(tuple(ask(s, self._clock()) for s in self._static)))
         self._systemd.ready(*self._status_parts(), time.monotonic())
@@ -139,6 +150,7 @@ class Supervisor:
 
     def _close(self) -> None:
         self._watcher.stop()
+        self._keep_state(final=True)
         for signum, handler in self._old_handlers.items():
             with contextlib.suppress(ValueError, TypeError):
                 signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
@@ -176,6 +188,26 @@ class Supervisor:
 
     def _feed(self, event: core.Event) -> None:
         self._apply(self.controller.handle(event, self._now()))
+        self._keep_state()
+
+    # ------------------------------------------------------------------ the job's state file
+    def _keep_state(self, final: bool = False) -> None:
+        """Write what this run measured to --state-file after every save, and once at the end."""
+        obs = self.controller.obs
+        path = self.config.state_file
+        if path is None or self._state_failed or not (len(obs.saves) > self._saves_kept or final):
+            return
+        if final and not obs.saves and obs.last_step is None:
+            return  # nothing measured: leave the file as it is
+        self._saves_kept = len(obs.saves)
+        base = self._job_state or state.JobState()
+        after = base.after_run(obs.intervals, [d for _, d in obs.saves], obs.blocking, self._clock(),
+                               self.config.argv)
+        try:
+            state.write_atomic(path, state.render(after))
+        except OSError as exc:
+            self._state_failed = True  # once: a full disk must not flood the log or stop training
+            self.log.warning(ev.STATE_NOT_SAVED, path=path, error=f"{exc.strerror or exc}")
 
     def _stopping(self) -> bool:
         return self.controller.mode in (core.Mode.STOPPING, core.Mode.KILLING)
@@ -267,6 +299,8 @@ class Supervisor:
             return core.Step(message.pid, step, _finite(message.get_float("duration_s")))
         if message.type == "save_begin":
             return core.SaveBegin(message.pid, step)
+        if message.type == "save_snapshot":
+            return core.SaveSnapshot(message.pid, step, _finite(message.get_float("duration_s")))
         if message.type == "save_end":
             return core.SaveEnd(
                 message.pid, step, ok=message.get_bool("ok", True),
@@ -352,6 +386,24 @@ class Supervisor:
             stop_reason=c.stop.reason if c.stop else None,
             awaiting_ack=c.mode is core.Mode.DRAINING,
         ))
+
+
+def _load_state(path: str | None, now: float) -> tuple[state.JobState | None, LogNote | None]:
+    """The job's state file, and the log line that says what became of it."""
+    if path is None:
+        return None, None
+    try:
+        loaded = state.load(path, now)
+    except state.StateIgnored as exc:
+        return None, ("warning", ev.STATE_IGNORED, {"path": path, "reason": str(exc)})
+    if loaded is None:
+        return None, ("info", ev.STATE_LOADED, {"path": path, "steps": 0, "saves": 0,
+                                               "note": "no state file yet: the job's first run"})
+    return loaded, ("info", ev.STATE_LOADED, {
+        "path": path, "steps": len(loaded.steps), "saves": len(loaded.saves),
+        "longest_save_s": max(loaded.saves) if loaded.saves else None,
+        "age_s": round(now - loaded.updated_at, 3),
+    })
 
 
 def _child_exited(pid: int, status: int) -> core.ChildExited:

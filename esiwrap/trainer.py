@@ -38,8 +38,10 @@ __all__ = [
     "save_finished",
     "save_requested",
     "save_requested_and",
+    "save_snapshotted",
     "save_started",
     "saving",
+    "saving_async",
     "step_done",
     "uninstall",
 ]
@@ -182,10 +184,21 @@ def save_started(step: int) -> None:
     _state.client.send("save_begin", step=int(step))
 
 
+def save_snapshotted(step: int) -> None:
+    """An asynchronous save's blocking part is over (the state is copied, the write goes on in the
+    background): training resumes, and esiwrap counts only this part as time lost to training.
+    The request is served: it is cleared. Call `save_finished` once the write is durable."""
+    started = _state.save_started_at if _state.save_started_at is not None else time.monotonic()
+    clear()
+    _state.client.send("save_snapshot", step=int(step), duration_s=round(time.monotonic() - started, 6))
+
+
 def save_finished(step: int, path: str | os.PathLike[str] | None = None, *,
                   error: str | None = None) -> None:
     """Report the end of the write begun by `save_started`: the acknowledgement when `error` is
-    None (the request is cleared), a failed save otherwise (the request stays set)."""
+    None (the request is cleared), a failed save otherwise (the request stays set, or is set again
+    after an asynchronous snapshot, so the next boundary tries again). Thread-safe: an
+    asynchronous write may finish in a callback thread."""
     started = _state.save_started_at if _state.save_started_at is not None else time.monotonic()
     _state.save_started_at = None
     fields: dict[str, Any] = {
@@ -194,9 +207,37 @@ def save_finished(step: int, path: str | os.PathLike[str] | None = None, *,
     }
     if error is not None:
         fields["error"] = error[:500]
+        request_save()
     else:
         clear()
     _state.client.send("save_end", **fields)
+
+
+class AsyncSave:
+    """An asynchronous save whose blocking part is done; `finished()` when the write is durable."""
+
+    def __init__(self, step: int, path: str | os.PathLike[str] | None) -> None:
+        self.step = step
+        self.path = path
+
+    def finished(self, error: BaseException | str | None = None) -> None:
+        """The write is on disk (or failed with `error`): e.g. from `future.add_done_callback`."""
+        save_finished(self.step, self.path, error=None if error is None else repr(error))
+
+
+@contextmanager
+def saving_async(step: int, path: str | os.PathLike[str] | None = None) -> Iterator[AsyncSave]:
+    """Wrap the blocking part of an asynchronous save (PyTorch DCP `async_save`, a background
+    writer): leaving the block reports the snapshot, training goes on; call `.finished()` on the
+    yielded handle when the write is durable. An exception inside is a failed save."""
+    save_started(step)
+    handle = AsyncSave(step, path)
+    try:
+        yield handle
+    except BaseException as exc:
+        save_finished(step, path, error=repr(exc))
+        raise
+    save_snapshotted(step)
 
 
 def any_rank(flag: bool) -> bool:

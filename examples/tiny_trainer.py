@@ -1,6 +1,9 @@
 """A tiny CPU PyTorch trainer that checkpoints when esiwrap asks, and resumes where it left off.
 
-    esiwrap --deadline +60s -- python examples/tiny_trainer.py --ckpt-dir ./demo-checkpoints
+    esiwrap --deadline +40s --save-duration 2 --redundant-time 10 -- python examples/tiny_trainer.py
+
+(`--save-duration 2`: this trainer's checkpoint takes milliseconds, not the minute esiwrap assumes
+for a real model; `--redundant-time 10`: a 40 s deadline leaves no room for the default 2 minutes.)
 
 The five lines marked `# esiwrap` are all a plain PyTorch loop needs. Checkpoints hold the model,
 the optimizer and the step, and are written atomically (temporary file, fsync, rename), so a

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from controller_driver import CHILD, Driver, exits, logs, signals
 
@@ -11,7 +13,11 @@ from esiwrap.errors import EXIT_CHECKPOINTED, EXIT_SAVE_MISSED
 from esiwrap.policy import PolicyConfig
 from esiwrap.report import epoch
 
-QUICK = PolicyConfig(redundant_s=4.0, save_duration_s=1.0, final_margin_s=2.0)
+QUICK = PolicyConfig(redundant_s=4.0, save_duration_s=1.0, final_margin_s=2.0, unmeasured_factor=1.0,
+                     interruption_rate_per_day=0.0)
+# The planning rules of these tests without the first-save margin and the periodic cadence
+# (tests/test_policy*.py cover those): insurance at deadline - (step + save + reserve).
+PLAIN = ControllerConfig(policy=PolicyConfig(unmeasured_factor=1.0, interruption_rate_per_day=0.0))
 
 
 def test_final_save_is_logged_even_close_to_the_insurance_moment() -> None:
@@ -100,7 +106,7 @@ def test_no_busy_wait_for_an_acknowledgement_past_the_deadline() -> None:
 
 def test_renewal_after_a_save_plans_a_new_insurance_save() -> None:
     """Saved once; renewed by two hours: an insurance save is planned against the new deadline."""
-    d = Driver()
+    d = Driver(PLAIN)
     d.hello()
     d.steps(1, 3, 10.0)
     d.deadline(300.0, source="volcengine")
@@ -116,7 +122,7 @@ def test_renewal_after_a_save_plans_a_new_insurance_save() -> None:
 
 def test_small_later_move_keeps_the_final_plan() -> None:
     """Moved later by less than an insurance save needs: the final save's plan just moves."""
-    d = Driver()
+    d = Driver(PLAIN)
     d.hello()
     d.steps(1, 3, 10.0)
     d.deadline(200.0, source="volcengine")
@@ -133,7 +139,7 @@ def test_small_later_move_keeps_the_final_plan() -> None:
 
 
 def test_a_requested_save_stays_requested_through_a_renewal() -> None:
-    d = Driver()
+    d = Driver(PLAIN)
     d.hello()
     d.steps(1, 3, 10.0)
     d.deadline(100.0, source="volcengine")
@@ -147,7 +153,7 @@ def test_a_requested_save_stays_requested_through_a_renewal() -> None:
 def test_too_close_is_warned_again_after_a_renewal() -> None:
     """A deadline too close is warned once; after a save and a renewal that re-opens insurance, a
     spot notice that is too close again is warned again (the warning belongs to one deadline)."""
-    d = Driver()
+    d = Driver(PLAIN)
     d.hello()
     d.steps(1, 3, 10.0)
     d.deadline(60.0, source="volcengine")
@@ -155,6 +161,7 @@ def test_too_close_is_warned_again_after_a_renewal() -> None:
     d.save(3, 2.0)
     d.deadline(7200.0, source="volcengine")
     assert d.controller.plan is not None and d.controller.plan.kind == "insurance"
+    d.steps(4, 100, 10.0)  # the last checkpoint ages: a new insurance save is worth its cost
     d.deadline(30.0, source="volcengine-spot")
     assert len(logs(d.actions, "deadline_too_close")) == 2
 
@@ -227,3 +234,31 @@ def test_the_shells_wake_up_sockets_never_block() -> None:
         assert not sup._wake_w.getblocking() and not sup._signal_w.getblocking()
     finally:
         sup._close()
+
+
+def test_linger_trains_on_until_the_stop_must_begin_and_follows_a_renewal() -> None:
+    """--after-save linger: after the last save the child trains on; a renewal then plans a new
+    insurance save; without one, the stop begins --stop-grace + 5 s before the deadline (exit 75)."""
+    one_save = replace(PLAIN.policy, final_save=False)
+    config = ControllerConfig(policy=one_save, after_save="linger", stop_grace_s=10.0)
+    for renewed in (False, True):
+        d = Driver(config)
+        d.hello()
+        d.steps(1, 3, 10.0)
+        d.deadline(200.0, source="volcengine")
+        d.advance(15.0)
+        d.save(3, 5.0)  # the insurance save, and with --no-final-save the last one
+        lingering = logs(d.actions, "training_continues")
+        assert lingering and "stop_at" in lingering[-1]
+        assert d.controller.mode is Mode.CONTINUING
+        if renewed:
+            d.deadline(7200.0, source="volcengine")
+            assert d.controller.mode is Mode.RUNNING
+            assert d.controller.plan is not None and d.controller.plan.kind == "insurance"
+        else:
+            stop_in = d.controller.wake_at(d.now)
+            deadline = d.controller.deadline
+            assert stop_in is not None and deadline is not None
+            assert d.wall + stop_in == pytest.approx(deadline.at - 10.0 - core.KILL_WAIT_S)
+            d.advance(stop_in)
+            assert d.controller.stop is not None and d.controller.stop.exit_status == EXIT_CHECKPOINTED

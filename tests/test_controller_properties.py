@@ -38,7 +38,7 @@ def finite_everywhere(value: Any) -> bool:
 
 class ControllerMachine(RuleBasedStateMachine):
     @initialize(
-        signal_child=st.booleans(), after_save=st.sampled_from(["stop", "continue"]),
+        signal_child=st.booleans(), after_save=st.sampled_from(["stop", "linger", "continue"]),
         on_sigterm=st.sampled_from(["checkpoint", "forward"]), grace=st.sampled_from([5.0, 30.0]),
         redundant=st.sampled_from([0.0, 120.0]), save_duration=st.sampled_from([1.0, 60.0, 600.0]),
     )
@@ -144,6 +144,8 @@ class ControllerMachine(RuleBasedStateMachine):
                 if action.code == EXIT_CHECKPOINTED:
                     assert self.acknowledged > 0, "exit 75 without a completed save"
         mode = self.d.controller.mode
+        if mode is Mode.CONTINUING and self.config.after_save == "linger" and self.deadline_since is not None:
+            self.deadline_since = min(self.deadline_since, self.d.wall)
         if mode is Mode.DRAINING and self.drain_since is None:
             self.drain_since = self.d.wall
         elif mode is not Mode.DRAINING:
@@ -165,6 +167,16 @@ class ControllerMachine(RuleBasedStateMachine):
             return
         latest = max(c.deadline.at, self.deadline_since, self.drain_since or -math.inf)
         assert self.d.wall <= latest + self.config.stop_grace_s + 1e-6, (c.mode, self.d.wall - latest)
+
+    @invariant()
+    def lingering_ends_in_time_to_stop_before_the_deadline(self) -> None:
+        if not hasattr(self, "d") or self.exits:
+            return
+        c = self.d.controller
+        if c.mode is not Mode.CONTINUING or self.config.after_save != "linger" or c.deadline is None:
+            return
+        stop_at = c.deadline.at - self.config.stop_grace_s - core.KILL_WAIT_S
+        assert self.d.wall <= max(stop_at, self.deadline_since or -math.inf) + 1e-6
 
     @invariant()
     def logs_are_json(self) -> None:

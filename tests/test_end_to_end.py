@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
 import torch
@@ -26,7 +27,9 @@ def test_demo_saves_before_deadline_and_resumes(esiwrap, tmp_path: Path) -> None
     assert code == EXIT_CHECKPOINTED, run.names()
     resolved = run.first("deadline_resolved")
     completed = [e for e in run.events if e["event"] == "save_completed"]
-    assert [e["kind"] for e in completed] == ["insurance", "final"]
+    kinds = [e["kind"] for e in completed]
+    # the 1 s guess is many times the real save: once measured, the early insurance is redone
+    assert kinds[0] == "insurance" and kinds[-1] == "final" and set(kinds) == {"insurance", "final"}
     assert all(e["remaining_s"] > 0 for e in completed)
     assert completed[-1]["step"] > completed[0]["step"]
     assert resolved["source"] == "cli"
@@ -38,3 +41,18 @@ def test_demo_saves_before_deadline_and_resumes(esiwrap, tmp_path: Path) -> None
     assert f"starting at step {state['step']}" in again.stdout.decode()
     resumed = torch.load(tmp_path / "latest.pt", weights_only=True)
     assert resumed["step"] > state["step"]
+
+
+def test_the_tiny_trainers_documented_command_runs_clean(esiwrap, tmp_path: Path) -> None:
+    """The command in examples/tiny_trainer.py's docstring, as written: no warning, exit 75."""
+    doc = TINY_TRAINER.read_text().split('"""')[1]
+    line = next(line.strip() for line in doc.splitlines() if line.strip().startswith("esiwrap "))
+    words = shlex.split(line)[1:]
+    split = words.index("--")
+    command = [PYTHON if w == "python" else str(TINY_TRAINER) if w.endswith("tiny_trainer.py") else w
+               for w in words[split + 1:]]
+    run = esiwrap(*words[:split], "--", *command, cwd=tmp_path)
+    assert run.finish(timeout=90) == EXIT_CHECKPOINTED
+    noisy = [e for e in run.events if e["level"] in ("warning", "error")]
+    assert noisy == [], noisy
+    assert (tmp_path / "demo-checkpoints" / "latest.pt").exists()

@@ -7,6 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from esiwrap.policy import (
+    FINAL_SAVE_FACTOR,
     SAVE_SAFETY_FACTOR,
     Observations,
     PolicyConfig,
@@ -60,11 +61,12 @@ def test_step_estimate_is_unknown_before_the_first_interval() -> None:
     assert step_estimate_s(Observations(100), PolicyConfig()) is None
 
 
-def test_save_estimate_starts_from_the_flag_then_follows_measured_saves() -> None:
-    """--save-duration until a save is measured; then the longest save times the factor."""
-    config = PolicyConfig(save_duration_s=60.0)
+def test_save_estimate_starts_from_a_conservative_guess_then_follows_measured_saves() -> None:
+    """Before any save is measured, the insurance save assumes --save-duration x
+    --unmeasured-factor; then the longest measured save times the factor."""
+    config = PolicyConfig(save_duration_s=60.0, unmeasured_factor=6.0)
     obs = Observations(100)
-    assert save_estimate_s(obs, config) == 60.0
+    assert save_estimate_s(obs, config) == 360.0
     obs.record_requested_save(200.0, at=1000.0)
     assert save_estimate_s(obs, config) == 200.0 * SAVE_SAFETY_FACTOR
     obs.record_requested_save(10.0, at=2000.0)  # a faster save does not lower the estimate
@@ -74,7 +76,7 @@ def test_save_estimate_starts_from_the_flag_then_follows_measured_saves() -> Non
 
 
 def test_measured_save_never_falls_below_what_was_observed() -> None:
-    """A measured 5 s save replaces a 60 s guess, but never drops below 5 s."""
+    """A measured 5 s save replaces the guess, but never drops below 5 s."""
     obs = Observations(100)
     obs.record_requested_save(5.0, at=10.0)
     assert 5.0 <= save_estimate_s(obs, PolicyConfig(save_duration_s=60.0)) < 60.0
@@ -131,14 +133,15 @@ def test_signal_at_is_the_latest_safe_moment(cutoff: float, step: float | None,
 
 def test_plan_save_formula() -> None:
     """signal_at = deadline - (step_estimate + save_estimate + reserve) for a young step."""
-    config = PolicyConfig(redundant_s=120.0, save_duration_s=60.0, final_margin_s=10.0)
+    config = PolicyConfig(redundant_s=120.0, save_duration_s=60.0, unmeasured_factor=1.0, final_margin_s=10.0)
     obs = observed(*([30.0] * 10), start=DEADLINE - 520.0)  # last boundary 220 s before
     insurance = plan_save(DEADLINE, obs, config, "insurance")
     assert insurance.signal_at == DEADLINE - (30.0 + 60.0 + 120.0)
     assert needed_s(insurance) == 210.0
-    obs.record_step(11, 30.0, at=DEADLINE - 110.0)
+    obs.record_requested_save(20.0, at=DEADLINE - 100.0)
+    obs.record_step(11, 30.0, at=DEADLINE - 70.0)
     final = plan_save(DEADLINE, obs, config, "final")
-    assert final.signal_at == DEADLINE - (30.0 + 60.0 + 10.0)
+    assert final.signal_at == DEADLINE - (30.0 + 20.0 * FINAL_SAVE_FACTOR + 10.0)
 
 
 def test_next_save_insurance_is_always_planned() -> None:
@@ -158,7 +161,7 @@ def test_next_save_final_while_it_fits_then_none() -> None:
     obs.record_step(11, 9.0, at=DEADLINE - 22.0)  # training went on after the save
     final = next_save(DEADLINE, obs, config, saves_done=1, now=DEADLINE - 22.0)
     assert final is not None and final.kind == "final"
-    assert final.signal_at == DEADLINE - (5.0 + 4.0 * SAVE_SAFETY_FACTOR + 10.0)
+    assert final.signal_at == pytest.approx(DEADLINE - (5.0 + 4.0 * FINAL_SAVE_FACTOR + 10.0))
     assert step_estimate_s(obs, config) == 5.0  # the 4 s save was taken out of the 9 s interval
     obs.record_requested_save(4.0, at=DEADLINE - 12.0)
     assert next_save(DEADLINE, obs, config, saves_done=2, now=DEADLINE - 12.0) is None
@@ -167,8 +170,9 @@ def test_next_save_final_while_it_fits_then_none() -> None:
 def test_no_final_save_when_disabled() -> None:
     """--no-final-save: one insurance save and nothing after it."""
     config = PolicyConfig(final_save=False)
-    obs = observed(5.0)
-    assert next_save(DEADLINE, obs, config, saves_done=1, now=0.0) is None
+    obs = observed(5.0, start=DEADLINE - 100.0)
+    obs.record_requested_save(2.0, at=DEADLINE - 90.0)
+    assert next_save(DEADLINE, obs, config, saves_done=1, now=DEADLINE - 90.0) is None
 
 
 def test_moved_enough() -> None:
@@ -181,7 +185,7 @@ def test_moved_enough() -> None:
 def test_nominal_plan_ignores_a_long_running_step_but_the_timer_does_not() -> None:
     """The logged plan is deadline - (step + save + reserve); the timer moves forward when the
     running step is already longer than the estimate."""
-    config = PolicyConfig(redundant_s=20.0, save_duration_s=2.0)
+    config = PolicyConfig(redundant_s=20.0, save_duration_s=2.0, unmeasured_factor=1.0)
     obs = observed(*([1.0] * 10), start=DEADLINE - 100.0)  # last boundary 90 s before
     plan = plan_save(DEADLINE, obs, config, "insurance")
     assert plan.nominal_at == DEADLINE - 23.0

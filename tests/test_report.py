@@ -126,8 +126,11 @@ def test_happy_and_missed_runs_in_one_log_file(logs: Logs) -> None:
     completed = [e for e in events if e["event"] == "save_completed"]
     exit_event = events[-1]
     assert happy["deadline"]["source"] == "cli" and happy["deadline_changes"] == []
+    # Insurance first, final last; the 1 s guess was 30 times the real save, so the first,
+    # early insurance save is taken again once measured (it costs next to nothing).
     assert [(s["kind"], s["outcome"], s["step"]) for s in happy["saves"]] == [
-        ("insurance", "completed", completed[0]["step"]), ("final", "completed", completed[1]["step"])]
+        (e["kind"], "completed", e["step"]) for e in completed]
+    assert happy["saves"][0]["kind"] == "insurance" and happy["saves"][-1]["kind"] == "final"
     for save, event in zip(happy["saves"], completed, strict=True):
         assert save["remaining_s"] == event["remaining_s"] > 0
         assert save["duration_s"] == event["duration_s"]
@@ -215,7 +218,8 @@ def test_deadline_change_is_reported(logs: Logs) -> None:
     assert change["moved_s"] == pytest.approx(after - before, abs=0.004) and change["moved_s"] < -5
     new_deadline = epoch(change["new"])
     saves = [(s["kind"], s["outcome"]) for s in run["saves"]]
-    assert saves == [("insurance", "completed"), ("final", "completed")]
+    assert saves[0] == ("insurance", "completed") and saves[-1] == ("final", "completed")
+    assert {outcome for _, outcome in saves} == {"completed"}
     # The final save is planned ~2 s after the insurance save's moment: its save_scheduled is
     # logged all the same (a new save always is; only re-plans of one save are thinned out).
     assert all(s["first_planned_at"] for s in run["saves"])

@@ -7,9 +7,11 @@ import signal
 import time
 from pathlib import Path
 
+import pytest
 from esiwrap_harness import PLAIN_TRAINER, PYTHON
 
 from esiwrap.errors import EXIT_CHECKPOINTED, EXIT_SAVE_MISSED
+from esiwrap.policy import FINAL_SAVE_FACTOR, SAVE_SAFETY_FACTOR
 
 
 def trainer(ckpt: Path, *extra: str) -> list[str]:
@@ -62,7 +64,7 @@ def test_insurance_then_final_save_with_measured_save_time(esiwrap, tmp_path: Pa
                   "--final-margin", "1", "--", *trainer(ckpt, "--save-seconds", "0.4"))
     run.wait_event("save_completed", 30, kind="insurance")
     final_plan = run.wait_event("save_scheduled", 10, kind="final")
-    assert 0.4 * 1.25 <= final_plan["save_estimate_s"] < 3
+    assert 0.4 * FINAL_SAVE_FACTOR <= final_plan["save_estimate_s"] < 3
     final = run.wait_event("save_completed", 30, kind="final")
     assert final["remaining_s"] > 0
     assert run.finish(30) == EXIT_CHECKPOINTED
@@ -147,3 +149,73 @@ def test_waiting_for_a_checkpoint_past_the_deadline_costs_no_cpu(esiwrap, tmp_pa
     spent = (after.user - before.user) + (after.system - before.system)
     assert spent < 0.3, f"esiwrap used {spent:.2f}s of CPU while waiting ~6s"
     assert run.finish(30) == EXIT_CHECKPOINTED
+
+
+def test_a_save_several_times_the_guess_still_lands_before_the_deadline(esiwrap, tmp_path: Path) -> None:
+    """--save-duration 1 but the save takes 4 s: nothing is measured yet, so the insurance save is
+    planned as 6 x the guess and still completes before the deadline (it used to miss: exit 76)."""
+    ckpt = tmp_path / "ckpt.json"
+    run = esiwrap("--deadline", "+14s", "--redundant-time", "2", "--save-duration", "1",
+                  "--no-final-save", "--", *trainer(ckpt, "--save-seconds", "4"))
+    scheduled = run.wait_event("save_scheduled", 30, kind="insurance")
+    assert scheduled["save_estimate_s"] == 6.0 and "no save measured yet" in scheduled["why"]
+    completed = run.wait_event("save_completed", 30, kind="insurance")
+    assert completed["duration_s"] >= 4.0 and completed["remaining_s"] > 0
+    assert run.finish(30) == EXIT_CHECKPOINTED
+    assert saved_step(ckpt) == completed["step"]
+
+
+def test_a_second_run_plans_with_the_first_runs_state_file(esiwrap, tmp_path: Path) -> None:
+    """Run 1 measures its saves into --state-file; run 2 plans its very first save with them."""
+    state = tmp_path / "esiwrap-state.json"
+    first = esiwrap("--deadline", "+10s", "--redundant-time", "3", "--save-duration", "1",
+                    "--state-file", str(state), "--", *trainer(tmp_path / "a.json", "--save-seconds", "1.5"))
+    assert first.wait_event("state_loaded", 30)["saves"] == 0  # the job's first run
+    assert first.finish(40) == EXIT_CHECKPOINTED
+    written = json.loads(state.read_text())
+    measured = [e["duration_s"] for e in first.events if e["event"] == "save_completed"]
+    assert written["format"] == "esiwrap-state/1"
+    assert written["saves"] == pytest.approx(measured, abs=1e-3)
+    assert len(written["steps"]) > 5
+
+    second = esiwrap("--deadline", "+30s", "--redundant-time", "3", "--save-duration", "1",
+                     "--state-file", str(state), "--", *trainer(tmp_path / "b.json"))
+    loaded = second.wait_event("state_loaded", 30)
+    assert loaded["saves"] == len(measured) and loaded["longest_save_s"] == max(written["saves"])
+    plan = second.wait_event("save_scheduled", 30, kind="insurance")
+    assert plan["save_estimate_s"] == round(max(written["saves"]) * SAVE_SAFETY_FACTOR, 3)
+    assert "earlier run" in plan["why"]
+    second.wait_event("trainer_attached", 30)
+    second.signal(signal.SIGTERM)
+    assert second.finish(40) == EXIT_CHECKPOINTED
+
+
+def test_a_corrupt_state_file_is_ignored_with_a_warning(esiwrap, tmp_path: Path) -> None:
+    state = tmp_path / "esiwrap-state.json"
+    state.write_text("{not json")
+    run = esiwrap("--deadline", "+1h", "--state-file", str(state), "--", *trainer(tmp_path / "c.json"))
+    ignored = run.wait_event("state_ignored", 30)
+    assert ignored["level"] == "warning" and "corrupt" in ignored["reason"]
+    run.wait_event("trainer_attached", 30)
+    run.signal(signal.SIGTERM)
+    assert run.finish(40) == EXIT_CHECKPOINTED
+    assert json.loads(state.read_text())["format"] == "esiwrap-state/1"  # replaced by a good one
+
+
+def test_a_growing_save_is_met(esiwrap, tmp_path: Path) -> None:
+    """The trainer saves on its own every 5 steps and each save takes 0.25 s longer: the last save
+    is planned with the trend of the measured saves, above the longest one seen, and lands in time."""
+    ckpt = tmp_path / "ckpt.json"
+    run = esiwrap("--deadline", "+16s", "--redundant-time", "1", "--save-duration", "0.5",
+                  "--final-margin", "0.5", "--", *trainer(ckpt, "--step-seconds", "0.2",
+                                                          "--own-save-every", "5", "--save-growth", "0.25"))
+    assert run.finish(60) == EXIT_CHECKPOINTED
+    completed = [e for e in run.events if e["event"] == "save_completed"]
+    requested = [e for e in completed if e["requested"]]
+    assert requested and all(e["remaining_s"] > 0 for e in requested)
+    last_plan = [e for e in run.events if e["event"] == "save_requested" and e["reason"] == "deadline"][-1]
+    seen_before = [e["duration_s"] for e in completed if e["timestamp"] < last_plan["timestamp"]]
+    assert len(seen_before) >= 2
+    factor = FINAL_SAVE_FACTOR if last_plan["kind"] == "final" else SAVE_SAFETY_FACTOR
+    assert last_plan["save_estimate_s"] > max(seen_before) * factor  # the trend, not the maximum
+    assert saved_step(ckpt) == completed[-1]["step"]

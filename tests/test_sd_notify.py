@@ -213,7 +213,9 @@ def test_systemd_stop_checkpoints_within_the_stop_timeout(esiwrap, tmp_path: Pat
     assert kinds.count("STOPPING") == 1 and kinds.count("WATCHDOG") >= 3
     extends = [int(d.split("=")[1]) for d in got if d.startswith("EXTEND_TIMEOUT_USEC=")]
     assert kinds.index("EXTEND_TIMEOUT_USEC") > stopping and len(extends) == 3  # SIGTERM, extension, stop
-    assert all(11_000_000 <= usec <= 30_000_000 for usec in extends)
+    # SIGTERM: the wait plus the stop (~14 s); a save being written: up to 3x the unmeasured save
+    # estimate (2 s x 6) plus the stop (~48 s); the stop itself (~12 s): all far below the unit's 5 min
+    assert all(11_000_000 <= usec <= 60_000_000 for usec in extends)
     after = [d[len("STATUS="):] for d in got[stopping:] if d.startswith("STATUS=")]
     step = completed["step"]
     assert any("stop requested, waiting for the checkpoint" in s for s in after)

@@ -46,7 +46,7 @@ def test_instant_saves_with_constant_steps_give_the_analytic_answer() -> None:
     """Saves of 0 s, steps of 7 s, deadline 1000 s: the last boundary before it is 994 s.
 
     The oracle and verl's rule both save there (6 s lost); esiwrap with no reserve at all does
-    too; with its defaults the final save must also clear the 10 s final margin: 987 s, 13 s lost.
+    too; with its defaults the final save must also clear the 5 s final margin: 994 s still does.
     """
     scenario = constant_scenario(STEP_S, 0.0, DEADLINE_S)
     last = STEP_S * (DEADLINE_S // STEP_S)
@@ -55,8 +55,8 @@ def test_instant_saves_with_constant_steps_give_the_analytic_answer() -> None:
     bare = PolicyConfig(redundant_s=0.0, save_duration_s=0.0, final_margin_s=0.0)
     assert run_esiwrap(scenario, bare).lost_s == pytest.approx(DEADLINE_S - last)
     defaults = run_esiwrap(scenario, PolicyConfig())
-    assert defaults.lost_s == pytest.approx(DEADLINE_S - STEP_S * ((DEADLINE_S - 10.0) // STEP_S))
-    assert defaults.saves == 2  # the insurance save, then the final one
+    assert defaults.lost_s == pytest.approx(DEADLINE_S - STEP_S * ((DEADLINE_S - 5.0) // STEP_S))
+    assert defaults.saves >= 2  # the insurance save, then the final one
 
 
 def test_verl_documented_example_saves() -> None:
@@ -84,9 +84,10 @@ def test_verl_rule_never_saves_before_the_first_step_ends() -> None:
 def test_esiwrap_insurance_then_final_save_with_constant_steps() -> None:
     """60 s steps and saves, deadline 3630 s, defaults.
 
-    Insurance: signal at 3630 - (60 + 60 + 120) = 3390 s, seen at the 3420 s boundary (step 57),
-    saved by 3480 s. Final: the save now counts 75 s, so signal at 3630 - (60 + 75 + 10) = 3485 s,
-    still ahead: seen at 3540 s (step 58), saved by 3600 s. Then nothing fits: stop.
+    Insurance, nothing measured yet: signal at 3630 - (60 + 6 x 60 + 120) = 3090 s, seen at the
+    3120 s boundary (step 52), saved by 3180 s. A second insurance save would protect less than
+    ten times what it costs. Final: the save now counts 63 s, so signal at 3630 - (60 + 63 + 5) =
+    3502 s: seen at 3540 s (step 58), saved by 3600 s. Then nothing fits: stop.
     """
     scenario = constant_scenario(60.0, 60.0, 3630.0)
     outcome = run_esiwrap(scenario, PolicyConfig())

@@ -68,7 +68,7 @@ def test_usage_errors_are_one_line_and_exit_2() -> None:
         (["--signal", "SIGTERM", "--", "true"], "must be one of SIGUSR1, SIGUSR2"),
         (["--stop-grace", "soon", "--", "true"], "e.g. --stop-grace 30"),
         (["--sources", "cli,bogus", "--", "true"], "--sources 'cli,bogus'"),
-        (["--after-save", "later", "--", "true"], "must be one of stop, continue"),
+        (["--after-save", "later", "--", "true"], "must be one of stop, linger, continue"),
         ([], "no command given"),
     ]
     for args, expected in cases:
@@ -207,7 +207,7 @@ def test_unregistered_child_never_gets_the_save_signal(esiwrap) -> None:
 
 def test_signal_child_sends_the_save_signal_to_the_direct_child(esiwrap) -> None:
     """--signal-child: the child handles the save signal itself, no registration needed."""
-    run = esiwrap("--deadline", "+6s", "--redundant-time", "1", "--save-duration", "1",
+    run = esiwrap("--deadline", "+10s", "--redundant-time", "1", "--save-duration", "1",
                   "--signal-child", "--stop-grace", "2", "--",
                   *echo_child("--echo", "SIGUSR1"))
     child = run.child_pid()

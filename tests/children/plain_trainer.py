@@ -19,6 +19,8 @@ parser.add_argument("--step-seconds", type=float, default=0.2)
 parser.add_argument("--save-seconds", type=float, default=0.0)
 parser.add_argument("--fail-saves", type=int, default=0, help="the first N saves raise")
 parser.add_argument("--no-install", action="store_true")
+parser.add_argument("--own-save-every", type=int, default=0, help="also save on its own every N steps")
+parser.add_argument("--save-growth", type=float, default=0.0, help="each save takes this much longer")
 args = parser.parse_args()
 
 start = json.loads(args.ckpt.read_text())["step"] if args.ckpt.exists() else 0
@@ -29,10 +31,12 @@ failures_left = args.fail_saves
 for step in range(start + 1, args.steps + 1):
     time.sleep(args.step_seconds)
     esi.step_done(step)
-    if esi.save_requested():
+    own = args.own_save_every > 0 and step % args.own_save_every == 0
+    if esi.save_requested() or own:
         try:
             with esi.saving(step, args.ckpt):
                 time.sleep(args.save_seconds)
+                args.save_seconds += args.save_growth
                 if failures_left > 0:
                     failures_left -= 1
                     raise OSError("disk full (simulated)")

@@ -1,0 +1,13 @@
+"""The options that choose among a few words: one home for their types and the words the CLI offers."""
+
+from __future__ import annotations
+
+from typing import Literal, get_args
+
+AfterSave = Literal["stop", "linger", "continue"]
+OnSigterm = Literal["checkpoint", "forward"]
+LogFormat = Literal["json", "console"]
+
+AFTER_SAVE: tuple[str, ...] = get_args(AfterSave)
+ON_SIGTERM: tuple[str, ...] = get_args(OnSigterm)
+LOG_FORMATS: tuple[str, ...] = get_args(LogFormat)

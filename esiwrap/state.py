@@ -1,0 +1,146 @@
+"""The job's state file (`--state-file`): what earlier runs measured, so the next run starts from it.
+
+A job is reclaimed and resumed on a new instance again and again. The file, placed next to the
+checkpoints (the storage that survives reclamation), keeps the step intervals and save durations
+the runs measured; a new run plans its first save with them instead of a guess. It is small JSON:
+
+    {"format": "esiwrap-state/1", "updated_at": 1796008906.1, "command": ["python", "train.py"],
+     "steps": [1.02, 0.98, ...], "saves": [61.3, 58.9], "blocking": [4.1]}
+
+Reading is strict and never fatal: a file that is not there is the first run; a file that cannot
+be parsed, is not ours, holds values that are not durations, or is older than MAX_AGE_S is ignored
+with a reason. Writing is atomic (a temporary file in the same directory, fsync, rename).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, TypeGuard
+
+from esiwrap.policy import Prior
+
+FORMAT = "esiwrap-state/1"
+MAX_AGE_S = 30 * 86_400.0  # older measurements describe other hardware, storage or code
+KEEP_STEPS = 100
+KEEP_SAVES = 10
+MAX_BYTES = 1 << 20
+
+
+@dataclass(frozen=True)
+class JobState:
+    steps: tuple[float, ...] = ()
+    saves: tuple[float, ...] = ()
+    blocking: tuple[float, ...] = ()
+    updated_at: float = 0.0
+    command: tuple[str, ...] = ()
+
+    def prior(self) -> Prior:
+        return Prior(self.steps, self.saves, self.blocking)
+
+    def after_run(self, window: Sequence[float], saves: Sequence[float], blocking: Sequence[float],
+                  now: float, command: Sequence[str]) -> JobState:
+        """What the file holds after a run: its step window (which began with this state's steps)
+        and its saves after the earlier runs', the newest kept."""
+        return JobState(
+            steps=tuple(window)[-KEEP_STEPS:],
+            saves=tuple([*self.saves, *saves][-KEEP_SAVES:]),
+            blocking=tuple([*self.blocking, *blocking][-KEEP_SAVES:]),
+            updated_at=now, command=tuple(command),
+        )
+
+
+class StateIgnored(Exception):
+    """The file exists but cannot be used; the message says why (for the log)."""
+
+
+def parse(text: str, now: float) -> JobState:
+    """The state in `text`, or StateIgnored with the reason."""
+    try:
+        obj = json.loads(text)
+    except ValueError as exc:
+        msg = f"corrupt: not JSON ({exc})"
+        raise StateIgnored(msg) from None
+    if not isinstance(obj, dict) or obj.get("format") != FORMAT:
+        msg = f"not an esiwrap state file (expected format {FORMAT!r})"
+        raise StateIgnored(msg)
+    raw_updated = obj.get("updated_at")
+    if not _finite_number(raw_updated) or float(raw_updated) > now + 86_400.0:
+        msg = "corrupt: updated_at is not a time"
+        raise StateIgnored(msg)
+    updated_at = float(raw_updated)
+    if now - updated_at > MAX_AGE_S:
+        days, limit = (now - updated_at) / 86_400.0, MAX_AGE_S / 86_400.0
+        msg = f"stale: last written {days:.0f} days ago (limit {limit:.0f})"
+        raise StateIgnored(msg)
+    command = obj.get("command", [])
+    if not isinstance(command, list) or not all(isinstance(w, str) for w in command):
+        command = []
+    return JobState(
+        steps=_durations(obj, "steps", KEEP_STEPS), saves=_durations(obj, "saves", KEEP_SAVES),
+        blocking=_durations(obj, "blocking", KEEP_SAVES), updated_at=updated_at,
+        command=tuple(command),
+    )
+
+
+def render(state: JobState) -> str:
+    return json.dumps({
+        "format": FORMAT, "updated_at": round(state.updated_at, 3), "command": list(state.command),
+        "steps": [round(s, 6) for s in state.steps], "saves": [round(s, 6) for s in state.saves],
+        "blocking": [round(s, 6) for s in state.blocking],
+    }, separators=(",", ":")) + "\n"
+
+
+def load(path: str, now: float) -> JobState | None:
+    """The file's state; None when there is no file yet (the job's first run); StateIgnored when
+    it cannot be used."""
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read(MAX_BYTES + 1)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        msg = f"unreadable: {exc.strerror or exc}"
+        raise StateIgnored(msg) from None
+    if len(data) > MAX_BYTES:
+        msg = f"corrupt: larger than {MAX_BYTES} bytes"
+        raise StateIgnored(msg)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        msg = "corrupt: not UTF-8 text"
+        raise StateIgnored(msg) from None
+    return parse(text, now)
+
+
+def write_atomic(path: str, text: str) -> None:
+    """Replace `path` with `text` all at once: readers see the old file or the new one, never half."""
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".esiwrap-state-", dir=directory)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def _durations(obj: dict[str, Any], key: str, keep: int) -> tuple[float, ...]:
+    values = obj.get(key, [])
+    if not isinstance(values, list) or not all(_finite_number(v) and v >= 0 for v in values):
+        msg = f"corrupt: {key} must be a list of durations in seconds"
+        raise StateIgnored(msg)
+    return tuple(float(v) for v in values[-keep:])
+
+
+def _finite_number(value: object) -> TypeGuard[float]:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
