@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
+from esiwrap.deadline.value import iso_utc
 from esiwrap.errors import (
     EXIT_CHECKPOINTED,
     EXIT_FAILURE,
@@ -93,7 +94,14 @@ def event_of(line: str) -> Event | None:
 
 
 def epoch(timestamp: str) -> float:
-    return datetime.fromisoformat(timestamp.replace("Z", "+00:00")).timestamp()
+    """Epoch seconds of an ISO-8601 timestamp; ValueError for anything else (a naive time is UTC)."""
+    try:
+        moment = datetime.fromisoformat(timestamp.replace("Z", "+00:00"))
+        if moment.tzinfo is None:
+            moment = moment.replace(tzinfo=timezone.utc)
+        return moment.timestamp()
+    except (OverflowError, TypeError, AttributeError) as exc:
+        raise ValueError(str(exc)) from None
 
 
 def split_runs(events: Sequence[Event]) -> list[list[Event]]:
@@ -340,8 +348,7 @@ def _brief(event: Event, start: float) -> dict[str, Any]:
 
 
 def _iso(epoch_s: float) -> str:
-    text = datetime.fromtimestamp(epoch_s, tz=timezone.utc).isoformat(timespec="milliseconds")
-    return text.replace("+00:00", "Z")
+    return iso_utc(epoch_s)
 
 
 def report(lines: Iterable[str], *, last_only: bool = False) -> tuple[list[RunReport], int]:

@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from esiwrap.deadline.bounds import implausible
 from esiwrap.deadline.metadata import MetadataClient, MetadataError, MetadataUnreachable
 from esiwrap.deadline.parse import TimeParseError, parse_iso
 from esiwrap.deadline.value import Deadline
@@ -77,6 +78,10 @@ class VolcengineSource:
         except TimeParseError as exc:
             msg = f"scheduled instance {scheduled_id}: AutoReleaseAt {raw!r} is unparsable: {exc}"
             raise SourceUnavailable(msg) from None
+        problem = implausible(at, now)
+        if problem is not None:
+            msg = f"scheduled instance {scheduled_id}: AutoReleaseAt {raw!r} is implausible: {problem}"
+            raise SourceUnavailable(msg)
         detail = {"instance_id": instance_id, "scheduled_instance_id": scheduled_id, "region": region}
         expired_at = (getattr(instance, "expired_at", None) or "").strip()
         if expired_at:
