@@ -49,12 +49,10 @@ from esiwrap.policy import (
     save_estimate_s,
     step_estimate_s,
 )
-from esiwrap.signals import signal_number
+from esiwrap.signals import FORWARDED, HANDLED, signal_number  # every catchable signal not used is forwarded
 from esiwrap.tree import ProcessTree
 from esiwrap.watcher import DeadlineWatcher
 
-FORWARDED = (signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR2)
-HANDLED = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGCHLD, *FORWARDED)
 MAX_WAIT_S = 60.0  # re-read the wall clock at least this often: it can jump
 KILL_WAIT_S = 5.0  # after SIGKILL, how long to wait for the tree to vanish
 STOP_TIMEOUT_MARGIN_S = 5.0  # asked of systemd on top of our own stop timeline
