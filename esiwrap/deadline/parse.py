@@ -14,6 +14,8 @@ from datetime import datetime
 
 from esiwrap.deadline.bounds import EARLIEST, HORIZON_S, implausible
 
+MAX_DURATION_S = HORIZON_S  # longer than any run; keeps every timer finite
+
 _HINT = "use ISO-8601 like 2026-09-14T20:30:00+08:00, epoch seconds, or +2h"
 _RELATIVE = re.compile(r"^\+\s*(\d+(?:\.\d+)?)\s*([smhd]?)$", re.IGNORECASE)
 _UNIT_S = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
@@ -46,7 +48,11 @@ def parse_duration(text: str) -> float:
     if not match:
         msg = "not a duration; use seconds like 90, or 90s, 15m, 2h"
         raise TimeParseError(msg)
-    return float(match.group(1)) * _UNIT_S[match.group(2).lower()]
+    seconds = float(match.group(1)) * _UNIT_S[match.group(2).lower()]
+    if seconds > MAX_DURATION_S:  # also the infinity that float() makes of 400 digits
+        msg = f"too long; at most {MAX_DURATION_S:g} seconds (10 years)"
+        raise TimeParseError(msg)
+    return seconds
 
 
 def parse_iso(text: str) -> float:
