@@ -54,13 +54,14 @@ def test_words_before_a_later_double_dash_reach_the_child() -> None:
     assert done.stdout == "1 ['--', 'a']\n"
 
 
-def test_the_issue_example_runs_untouched(esiwrap) -> None:
-    """`esiwrap env FOO=1 -- sh -c 'echo $FOO'` runs exactly that argv (GNU env then takes `--`
-    for a program name: its business, not esiwrap's)."""
-    argv = ["env", "FOO=1", "--", "sh", "-c", "echo $FOO"]
+def test_the_command_argv_is_untouched(esiwrap) -> None:
+    """The issue's shape (`esiwrap env FOO=1 -- sh -c 'echo $FOO'`) with a program that prints its
+    arguments instead of complaining: the child runs exactly the argv given, `--` and all."""
+    argv = ["sh", "-c", 'echo "args: $*"', "sh", "FOO=1", "--", "x"]
     run = esiwrap(*argv)
     assert run.wait_event("child_started", 30)["argv"] == argv
-    run.finish(30)
+    run.wait_stdout("args: FOO=1 -- x\n", 30)
+    assert run.finish(30) == 0
 
 
 def test_options_then_command_then_double_dash() -> None:

@@ -4,6 +4,7 @@ with a reason, and training goes on. Formatting a time never raises."""
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import subprocess
@@ -13,11 +14,21 @@ from dataclasses import dataclass
 import pytest
 from esiwrap_harness import PYTHON, SIGNAL_ECHO
 from fakes.fixtures import SCHEDULED_ID
+from fakes.metadata import FakeMetadata
 from fakes.volcengine_api import FakeVolcengineApi
 
 from esiwrap.deadline import MLP_VAR, SAGEMAKER_VAR, Deadline, TimeParseError, ask, env_sources, iso_utc
 from esiwrap.deadline.bounds import EARLIEST, HORIZON_S, implausible
+from esiwrap.deadline.metadata import AWS, VOLCENGINE, MetadataClient
 from esiwrap.deadline.parse import parse_when
+from esiwrap.deadline.spot import (
+    AWS_NOTICE_S,
+    AWS_SPOT_PATH,
+    VOLCENGINE_NOTICE_S,
+    VOLCENGINE_SPOT_PATH,
+    aws_spot,
+    volcengine_spot,
+)
 from esiwrap.errors import EXIT_NO_DEADLINE, EXIT_USAGE, SourceUnavailable
 from esiwrap.systemd.status import StatusFacts, human_duration, status_parts
 
@@ -200,3 +211,24 @@ def test_plausible_values_still_work() -> None:
     assert parse_when("+2h", now) == now + 7200
     assert parse_when("1796083200", now) == 1796083200.0
     assert parse_when("2026-12-01T08:00:00+08:00", now) == 1796083200.0
+
+
+def test_spot_notice_with_an_out_of_range_time_still_counts(fake_metadata: FakeMetadata) -> None:
+    """A spot notice is real even when its time is garbage: the time counts as unreadable, and
+    the deadline is when the notice was first seen plus the cloud's warning."""
+    fake_metadata.set(VOLCENGINE_SPOT_PATH, FAR_FUTURE_RFC3339)
+    now = time.time()
+    answer = ask(volcengine_spot(MetadataClient(fake_metadata.url, VOLCENGINE), 300.0), now)
+    assert answer.deadline is not None, answer.reason
+    assert answer.deadline.at == now + VOLCENGINE_NOTICE_S
+    assert "more than 10 years ahead" in answer.deadline.detail["time_error"]
+
+
+def test_aws_notice_from_1970_still_counts(fake_aws_metadata: FakeMetadata) -> None:
+    """The same for AWS: a notice whose time is before 2000 is a notice with an unreadable time."""
+    notice = {"action": "terminate", "time": "1970-01-01T00:00:00Z"}
+    fake_aws_metadata.set(AWS_SPOT_PATH, json.dumps(notice))
+    now = time.time()
+    answer = ask(aws_spot(MetadataClient(fake_aws_metadata.url, AWS), 300.0), now)
+    assert answer.deadline is not None and answer.deadline.at == now + AWS_NOTICE_S
+    assert "before 2000-01-01" in answer.deadline.detail["time_error"]

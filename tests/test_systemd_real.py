@@ -18,7 +18,7 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
-from esiwrap_harness import PYTHON, TINY_TRAINER
+from esiwrap_harness import PYTHON, ROOT, TINY_TRAINER
 from systemd_namespace import CGROUP_V1, SystemdNamespace
 
 from esiwrap.errors import EXIT_CHECKPOINTED, EXIT_USAGE
@@ -107,7 +107,7 @@ def test_manager_is_confined(manager: SystemdNamespace) -> None:
     for capability in (16, 25, 22):  # CAP_SYS_MODULE, CAP_SYS_TIME, CAP_SYS_BOOT
         assert not bounding & (1 << capability)
     probes = ["mkdir /etc/esiwrap-test-probe", "mkdir /sys/esiwrap-test-probe",
-              "mkdir /work/esiwrap-test-probe",  # the checkout and its venv
+              f"mkdir {ROOT / 'esiwrap-test-probe'}",  # the checkout and its venv
               # a sysctl written with the value it has: a no-op even if the probe were wrong
               "v=$(cat /proc/sys/kernel/printk_ratelimit); echo $v > /proc/sys/kernel/printk_ratelimit"]
     for probe in probes:
