@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import socket
 import tempfile
@@ -31,6 +32,7 @@ from esiwrap.signals import SIGNAL_ENV
 SOCKET_ENV = "ESIWRAP_SOCKET"
 __all__ = ["SIGNAL_ENV", "SOCKET_ENV", "ChannelClient", "ChannelServer", "Message", "decode"]
 MAX_DATAGRAM = 64 * 1024
+MAX_PID = 2**22  # the kernel's PID_MAX_LIMIT: larger is no process
 MESSAGE_TYPES = frozenset({"hello", "step", "save_begin", "save_snapshot", "save_end", "bye"})
 
 
@@ -45,9 +47,15 @@ class Message:
         return value if isinstance(value, int) and not isinstance(value, bool) else default
 
     def get_float(self, key: str, default: float = 0.0) -> float:
+        """A finite number (JSON's NaN and Infinity would poison every estimate), else `default`."""
         value = self.fields.get(key, default)
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-        return float(value) if ok else default
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            return default
+        try:
+            number = float(value)
+        except OverflowError:  # an integer beyond any float
+            return default
+        return number if math.isfinite(number) else default
 
     def get_str(self, key: str, default: str = "") -> str:
         value = self.fields.get(key, default)
@@ -59,15 +67,19 @@ class Message:
 
 
 def decode(data: bytes) -> Message | None:
-    """A message, or None for anything that is not one of ours (never raises)."""
+    """A message, or None for anything that is not one of ours (never raises).
+
+    Whose process the `pid` is, is not decided here: the supervisor signals only pids of its own
+    tree that said hello.
+    """
     try:
         obj = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError):
+    except (UnicodeDecodeError, ValueError, RecursionError):  # RecursionError: `[[[[...` 64 KiB deep
         return None
-    if not isinstance(obj, dict) or obj.get("type") not in MESSAGE_TYPES:
-        return None
+    if not isinstance(obj, dict) or not isinstance(obj.get("type"), str) or obj["type"] not in MESSAGE_TYPES:
+        return None  # (a list as "type" is not even hashable)
     pid = obj.get("pid")
-    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+    if not isinstance(pid, int) or isinstance(pid, bool) or not 0 < pid <= MAX_PID:
         return None
     return Message(type=obj["type"], pid=pid, fields=obj)
 

@@ -8,6 +8,7 @@ parses user text.
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import math
 import os
@@ -44,6 +45,7 @@ from esiwrap.signals import signal_number
 
 SUBCOMMANDS = ("deadline", "report", "systemd-unit")
 COMMAND_ENV = "ESIWRAP_COMMAND"  # the command when none follows `--` (systemd environment files)
+LOG_FILE_ENV = "ESIWRAP_LOG_FILE"
 SAVE_SIGNALS = ("SIGUSR1", "SIGUSR2")
 STOP_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGKILL")
 
@@ -266,6 +268,12 @@ LOG_OPTIONS = (
 )
 
 BOOLEAN_FLAGS = {"--final-save", "--signal-child"}
+# Every long option of a run, and whether it takes a value (the splitter must know).
+_RUN_FLAGS: dict[str, bool] = {
+    **{opt.flag: opt.flag not in BOOLEAN_FLAGS for opt in SOURCE_OPTIONS + RUN_OPTIONS + LOG_OPTIONS},
+    **{"--no-" + flag[2:]: False for flag in BOOLEAN_FLAGS},
+    "--help": False, "--version": False,
+}
 
 
 def fail(message: str, code: int = EXIT_USAGE) -> NoReturn:
@@ -394,11 +402,8 @@ def supervisor_config(command: Sequence[str], values: Mapping[str, Any], run_id:
 
 
 def run(argv: Sequence[str], environ: Mapping[str, str]) -> int:
-    args, command = _split_command(argv)
+    args, command = split_run_argv(argv)
     ns = build_run_parser().parse_args(args)
-    command = command if command is not None else list(ns.command)
-    if command and command[0] == "--":
-        command = command[1:]
     if not command:
         command = _command_from_env(environ)
     if not command:
@@ -408,8 +413,15 @@ def run(argv: Sequence[str], environ: Mapping[str, str]) -> int:
     from esiwrap import log
     from esiwrap.supervisor import Supervisor
 
+    log_label = "--log-file" if ns.log_file is not None else LOG_FILE_ENV
+    log_file = values["log_file"]
+    if log_file is not None:
+        check_log_file(log_file, log_label)
     run_id = log.new_run_id()
-    log.configure(run_id, level=values["log_level"], fmt=values["log_format"], log_file=values["log_file"])
+    try:
+        log.configure(run_id, level=values["log_level"], fmt=values["log_format"], log_file=log_file)
+    except OSError as exc:  # what the check above could not foresee (a full disk, a race)
+        fail(f"{log_label} {log_file!r}: cannot open it ({exc.strerror or exc}); choose a writable file")
     config = supervisor_config(command, values, run_id)
     sources = build_sources(values["sources"], source_settings(values), environ, time.time())
     return Supervisor(config, sources, environ).run()
@@ -463,6 +475,32 @@ def _print_deadline_table(answers: Sequence[Answer], best: Any, now: float) -> N
         print(f"deadline: {best.iso()} from {best.source}, {best.at - now:.0f}s from now")
 
 
+def check_log_file(path: str, label: str = "--log-file") -> None:
+    """A log file esiwrap can append to, or one line naming the path and the fix (exit 2): found
+    before the child starts, not as a traceback (under systemd: five failed restarts)."""
+    problem = log_file_problem(path)
+    if problem is not None:
+        fail(f"{label} {path!r}: {problem}")
+
+
+def log_file_problem(path: str) -> str | None:
+    if not path.strip():
+        return "empty path; name a file, e.g. /var/log/esiwrap/job.jsonl"
+    if os.path.isdir(path):
+        return f"is a directory; name a file in it, e.g. {os.path.join(path, 'esiwrap.jsonl')}"
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.exists(parent):
+        return f"directory {parent} does not exist; create it (mkdir -p {parent}) or choose another path"
+    if not os.path.isdir(parent):
+        return f"{parent} is not a directory; choose another path"
+    if os.path.exists(path):
+        if not os.access(path, os.W_OK):
+            return "not writable; fix its permissions or choose another path"
+    elif not os.access(parent, os.W_OK | os.X_OK):
+        return f"directory {parent} is not writable; fix its permissions or choose another path"
+    return None
+
+
 def _command_from_env(environ: Mapping[str, str]) -> list[str]:
     """ESIWRAP_COMMAND (the systemd unit's environment file), split like a POSIX shell would."""
     text = environ.get(COMMAND_ENV, "")
@@ -472,7 +510,41 @@ def _command_from_env(environ: Mapping[str, str]) -> list[str]:
         fail(f"{COMMAND_ENV} {text!r}: {exc}; quote like a shell, e.g. python train.py --name 'my run'")
 
 
+def split_run_argv(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    """esiwrap's own options, and the command.
+
+    The command starts after the first `--`, or at the first word that is neither an option nor
+    an option's value; from there on every word is the command's, untouched, a later `--`
+    included (`esiwrap env FOO=1 -- sh -c ...`, `esiwrap uv run -- python train.py`). An option
+    that takes a value takes the next word whatever it looks like (`--deadline +2h`); options
+    may be shortened to a unique prefix, as argparse allows.
+    """
+    items = list(argv)
+    index = 0
+    while index < len(items):
+        word = items[index]
+        if word == "--":
+            return items[:index], items[index + 1:]
+        if not word.startswith("-") or word == "-":
+            return items[:index], items[index:]
+        name, has_value, _ = word.partition("=")
+        index += 2 if not has_value and _takes_value(name) else 1
+    return items, []
+
+
+def _takes_value(flag: str) -> bool:
+    """Does `flag` (exact, or a unique prefix of a long option) consume the next word?"""
+    if not flag.startswith("--"):
+        return False
+    known = _RUN_FLAGS
+    if flag in known:
+        return known[flag]
+    matches = [name for name in known if name.startswith(flag)]
+    return len(matches) == 1 and known[matches[0]]
+
+
 def _split_command(argv: Sequence[str]) -> tuple[list[str], list[str] | None]:
+    """`systemd-unit`: options, then the job's command after the first `--`."""
     items = list(argv)
     if "--" in items:
         index = items.index("--")
@@ -486,6 +558,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args and args[0] in SUBCOMMANDS:
             return _subcommand(args[0], args[1:], environ)
+        if args:
+            _refuse_mistyped_subcommand(args[0], environ)
         return run(args, environ)
     except UsageError as exc:
         fail(str(exc))
@@ -493,6 +567,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         fail(str(exc), EXIT_FAILURE)
     except KeyboardInterrupt:
         return 130
+
+
+def _refuse_mistyped_subcommand(word: str, environ: Mapping[str, str]) -> None:
+    """`esiwrap reprot run.jsonl`: a first word that is no command on PATH but close to a
+    subcommand is a typo, not a training command (that would end in 127, command not found)."""
+    if word.startswith("-") or os.sep in word:
+        return
+    close = difflib.get_close_matches(word, SUBCOMMANDS, n=1, cutoff=0.6)
+    if close and shutil.which(word, path=environ.get("PATH", os.defpath)) is None:
+        fail(f"'{word}' is neither a subcommand nor a command on PATH; did you mean `{close[0]}`? "
+             f"(a command goes after --, e.g. esiwrap -- python train.py)")
 
 
 def _subcommand(name: str, argv: Sequence[str], environ: Mapping[str, str]) -> int:

@@ -217,6 +217,8 @@ class Exit:
     reason: str
 
 
+TRAINER_REPORTS = (Step, SaveBegin, SaveSnapshot, SaveEnd)
+
 Action = SendSignal | StopChild | KillTree | TermLeftovers | Log | NotifyStopping | ExtendStopTimeout | Exit
 
 
@@ -284,6 +286,8 @@ class Controller:
     # ------------------------------------------------------------------ the two entry points
     def handle(self, event: Event, now: Now) -> list[Action]:
         """React to one event, then fire whatever timer it made due."""
+        if isinstance(event, TRAINER_REPORTS) and not self._attached(event.pid):
+            return self._take()  # only a trainer that said hello reports steps and saves
         handler = getattr(self, "_on_" + _snake(type(event).__name__))
         handler(event, now)
         self._fire_timers(now)
@@ -375,6 +379,10 @@ class Controller:
                 and event.pid not in request.signalled:
             self._signal([event.pid])  # a save is due: this trainer joins it at once
         self._replan(now)
+
+    def _attached(self, pid: int) -> bool:
+        """Said hello; with --signal-child the direct child needs not (it handles the signal itself)."""
+        return pid in self.trainers or (self.config.signal_child and pid == self.child_pid)
 
     def _on_trainer_gone(self, event: TrainerGone, now: Now) -> None:
         if self.trainers.pop(event.pid, None) is not None and self.request is not None:

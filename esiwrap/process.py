@@ -11,13 +11,13 @@ import ctypes
 import ctypes.util
 import os
 import shutil
-import signal
 import subprocess
 from collections.abc import Iterable, Mapping, Sequence
 
 import psutil
 
 from esiwrap.errors import EXIT_NOT_EXECUTABLE, EXIT_NOT_FOUND, CommandError
+from esiwrap.signals import signal_label
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
@@ -142,7 +142,5 @@ def open_pidfd(pid: int) -> int | None:
 
 
 def signal_name(signum: int) -> str:
-    try:
-        return signal.Signals(signum).name
-    except ValueError:
-        return str(signum)
+    """`SIGHUP`, or `SIGRTMIN+3` for a real-time signal: what `signals.signal_number` reads back."""
+    return signal_label(signum)

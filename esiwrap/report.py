@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
+from esiwrap.deadline.value import iso_utc
 from esiwrap.errors import (
     EXIT_CHECKPOINTED,
     EXIT_FAILURE,
@@ -77,7 +78,7 @@ def event_of(line: str) -> Event | None:
         return None
     try:
         obj, _ = _DECODER.raw_decode(line, start)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: a line of `[[[[...`
         return None
     if not isinstance(obj, dict):
         return None
@@ -93,7 +94,14 @@ def event_of(line: str) -> Event | None:
 
 
 def epoch(timestamp: str) -> float:
-    return datetime.fromisoformat(timestamp.replace("Z", "+00:00")).timestamp()
+    """Epoch seconds of an ISO-8601 timestamp; ValueError for anything else (a naive time is UTC)."""
+    try:
+        moment = datetime.fromisoformat(timestamp.replace("Z", "+00:00"))
+        if moment.tzinfo is None:
+            moment = moment.replace(tzinfo=timezone.utc)
+        return moment.timestamp()
+    except (OverflowError, TypeError, AttributeError) as exc:
+        raise ValueError(str(exc)) from None
 
 
 def split_runs(events: Sequence[Event]) -> list[list[Event]]:
@@ -173,7 +181,8 @@ def _deadlines(report: RunReport, events: Sequence[Event], start: float) -> None
     for e in events:
         name = e["event"]
         if name == "child_started" and report.command is None:
-            report.command = e.get("argv")
+            argv = e.get("argv")
+            report.command = [str(a) for a in argv] if isinstance(argv, list) else None
         elif name == "deadline_resolved" and report.deadline is None:
             report.deadline = {"at": e.get("deadline"), "source": e.get("source"),
                                "remaining_s": e.get("remaining_s"), "logged_at": e["timestamp"],
@@ -227,8 +236,9 @@ def _new_save(request: Event, first_plan: Event | None) -> SaveReport:
     if first_plan is not None:
         save.first_planned_at = first_plan.get("signal_at")
     save.planned_signal_at = plan.get("planned_at", plan.get("signal_at"))
-    if isinstance(save.planned_signal_at, str):
-        save.signal_late_s = round(epoch(request["timestamp"]) - epoch(save.planned_signal_at), 3)
+    planned = _epoch_or_none(save.planned_signal_at)
+    if planned is not None:
+        save.signal_late_s = round(epoch(request["timestamp"]) - planned, 3)
     save.step_estimate_s = plan.get("step_estimate_s")
     save.save_estimate_s = plan.get("save_estimate_s")
     return save
@@ -254,7 +264,7 @@ def _steps(report: RunReport, events: Sequence[Event]) -> None:
 
 def _pace_between_saves(saves: Sequence[SaveReport]) -> float | None:
     """Seconds per step from the first to the last completed save, without the saves' own time."""
-    done = [(s.step, s.started_at, s.completed_at, s.duration_s or 0.0) for s in saves
+    done = [(s.step, s.started_at, s.completed_at, _number(s.duration_s)) for s in saves
             if s.outcome == "completed" and isinstance(s.step, int) and s.started_at and s.completed_at]
     if len(done) < 2 or done[-1][0] <= done[0][0]:
         return None
@@ -324,13 +334,30 @@ def _final_deadline(report: RunReport) -> float | None:
         value = report.deadline.get("at")
     else:
         return None
-    return epoch(value) if isinstance(value, str) else None
+    return _epoch_or_none(value)
 
 
 def _seconds_between(old: Any, new: Any) -> float | None:
-    if isinstance(old, str) and isinstance(new, str):
-        return round(epoch(new) - epoch(old), 3)
+    old_at, new_at = _epoch_or_none(old), _epoch_or_none(new)
+    if old_at is not None and new_at is not None:
+        return round(new_at - old_at, 3)
     return None
+
+
+def _epoch_or_none(value: Any) -> float | None:
+    """A time field as epoch seconds; None when the log holds anything else there."""
+    if not isinstance(value, str):
+        return None
+    try:
+        return epoch(value)
+    except ValueError:
+        return None
+
+
+def _number(value: Any) -> float:
+    """A duration field as a number; 0 when the log holds anything else there."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    return float(value) if ok and math.isfinite(value) else 0.0
 
 
 def _brief(event: Event, start: float) -> dict[str, Any]:
@@ -340,8 +367,7 @@ def _brief(event: Event, start: float) -> dict[str, Any]:
 
 
 def _iso(epoch_s: float) -> str:
-    text = datetime.fromtimestamp(epoch_s, tz=timezone.utc).isoformat(timespec="milliseconds")
-    return text.replace("+00:00", "Z")
+    return iso_utc(epoch_s)
 
 
 def report(lines: Iterable[str], *, last_only: bool = False) -> tuple[list[RunReport], int]:
@@ -423,8 +449,8 @@ def _render_saves(run: RunReport) -> list[str]:
             rows.append(_row("", f"  step    boundary {s.boundary_wait_s:g}s after the signal "
                              f"(step estimate {_num(s.step_estimate_s)}s)"))
         if s.duration_s is not None:
-            rows.append(_row("", f"  write   {s.duration_s:g}s (save estimate {_num(s.save_estimate_s)}s), "
-                             f"done {_clock(s.completed_at or '')}"))
+            estimate, done = _num(s.save_estimate_s), _clock(s.completed_at or "")
+            rows.append(_row("", f"  write   {_num(s.duration_s)}s (save estimate {estimate}s), done {done}"))
     for t in run.trainer_saves:
         rows.append(_row("save", f"trainer's own, step {t['step']}, {_num(t['duration_s'])}s, "
                          f"done {_clock(t['at'])}"))
@@ -467,17 +493,29 @@ def _row(label: str, text: str) -> str:
     return f"  {label:<9} {text}"
 
 
-def _clock(timestamp: str) -> str:
+def _clock(timestamp: Any) -> str:
     """The time of day of an ISO timestamp (the date is in the run's first line)."""
-    return timestamp.split("T", 1)[-1] if "T" in timestamp else timestamp
+    text = timestamp if isinstance(timestamp, str) else _short(timestamp)
+    return text.split("T", 1)[-1] if "T" in text else text
 
 
 def _num(value: Any) -> str:
-    return f"{value:g}" if isinstance(value, (int, float)) else "?"
+    return f"{value:g}" if _is_number(value) else "?"
 
 
 def _signed(value: Any) -> str:
-    return f"{value:+g}" if isinstance(value, (int, float)) else "?"
+    return f"{value:+g}" if _is_number(value) else "?"
+
+
+def _is_number(value: Any) -> bool:
+    """A log value `:g` can format (not a bool, not an integer beyond any float)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        float(value)
+    except OverflowError:
+        return False
+    return True
 
 
 def _fields(fields: dict[str, Any]) -> str:

@@ -32,12 +32,10 @@ from esiwrap.errors import EXIT_FAILURE, CommandError, Halt
 from esiwrap.integrations import bootstrap_dir
 from esiwrap.log import get_logger
 from esiwrap.policy import PolicyConfig
-from esiwrap.signals import signal_number
+from esiwrap.signals import HANDLED, signal_number
 from esiwrap.tree import ProcessTree
 from esiwrap.watcher import DeadlineWatcher
 
-FORWARDED = (signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR2)
-HANDLED = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGCHLD, *FORWARDED)
 MAX_WAIT_S = 60.0  # re-read the wall clock at least this often: it can jump
 POLL_WITHOUT_PIDFD_S = 0.2  # only while stopping, on kernels without pidfd_open
 HAS_PIDFD = hasattr(os, "pidfd_open")

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from esiwrap.deadline import Answer, Source, ask
 
 FIRST_ROUND_WAIT_S = 3.0
+FALLBACK_PERIOD_S = 300.0
 
 
 class DeadlineWatcher:
@@ -65,7 +66,7 @@ class DeadlineWatcher:
                 first = False
             else:
                 self._post([answer])
-            period = source.period_s  # read after asking: a source may back off after a failure
+            period = _period(source)  # read after asking: a source may back off after a failure
             if not period:
                 return  # a static source: its answer cannot change
             self._stopping.wait(period)
@@ -95,3 +96,14 @@ class DeadlineWatcher:
         self._answers.put(answers)
         with contextlib.suppress(OSError):
             self._wake.send(b"\0")
+
+
+def _period(source: Source) -> float | None:
+    """The source's period; a source whose period cannot be read is asked again after
+    FALLBACK_PERIOD_S rather than never (the thread must not die of it)."""
+    try:
+        period = source.period_s
+    except Exception:
+        return FALLBACK_PERIOD_S
+    usable = period is None or (isinstance(period, (int, float)) and period > 0)
+    return period if usable else FALLBACK_PERIOD_S

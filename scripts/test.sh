@@ -7,9 +7,12 @@ python3 -m venv .venv
 # torch first and pinned: the CPU wheel; anything unpinned could pull a multi-GB CUDA build
 .venv/bin/pip install --quiet --disable-pip-version-check torch==2.13.0
 .venv/bin/pip install --quiet --disable-pip-version-check -e '.[test,verl,hf,lightning]'
-# systemd-analyze checks the shipped unit (tests/test_systemd_unit.py); PID 1 need not be systemd
-if ! command -v systemd-analyze >/dev/null; then
-    apt-get update -qq && apt-get install -y -qq --no-install-recommends systemd >/dev/null
+# systemd-analyze checks the shipped unit (tests/test_systemd_unit.py); tests/test_systemd_real.py
+# runs the installed systemd as PID 1 of a private namespace (unshare, nsenter, setpriv, mount from
+# util-linux); PID 1 of this machine need not be systemd
+if ! command -v systemd-analyze >/dev/null || ! command -v nsenter >/dev/null \
+        || ! command -v setpriv >/dev/null || ! command -v mount >/dev/null; then
+    apt-get update -qq && apt-get install -y -qq --no-install-recommends systemd util-linux mount >/dev/null
 fi
 .venv/bin/ruff check esiwrap tests examples benchmarks
 .venv/bin/mypy

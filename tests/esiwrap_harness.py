@@ -106,13 +106,15 @@ class EsiwrapRun:
                     + f"; other output: {self.other_lines[-20:]}"
                 )
 
-    def wait_stdout(self, text: str, timeout: float = 30.0) -> str:
-        """Wait until the child's stdout (passed through by esiwrap) contains `text`."""
+    def wait_stdout(self, text: str, timeout: float = 30.0, count: int = 1) -> str:
+        """Wait until the child's stdout (passed through by esiwrap) contains `text` (`count` times)."""
         deadline = time.monotonic() + timeout
-        while text.encode() not in self.stdout:
+        wanted = text.encode()
+        while self.stdout.count(wanted) < count:
             left = deadline - time.monotonic()
-            if left <= 0 or (not self._pump(min(left, 0.5)) and text.encode() not in self.stdout):
-                raise AssertionError(f"stdout has no {text!r} within {timeout}s: {self.stdout[-500:]!r}")
+            if left <= 0 or (not self._pump(min(left, 0.5)) and self.stdout.count(wanted) < count):
+                raise AssertionError(f"stdout has no {text!r} (x{count}) within {timeout}s: "
+                                     f"{self.stdout[-500:]!r}")
         return self.stdout.decode("utf-8", "replace")
 
     def child_pid(self, timeout: float = 30.0) -> int:

@@ -262,3 +262,16 @@ def test_linger_trains_on_until_the_stop_must_begin_and_follows_a_renewal() -> N
             assert d.wall + stop_in == pytest.approx(deadline.at - 10.0 - core.KILL_WAIT_S)
             d.advance(stop_in)
             assert d.controller.stop is not None and d.controller.stop.exit_status == EXIT_CHECKPOINTED
+
+
+def test_reports_from_a_process_that_never_said_hello_are_ignored() -> None:
+    """A save_end from a stranger must not count as a checkpoint: a later SIGTERM would otherwise
+    stop with 75 although nothing was saved."""
+    d = Driver(PLAIN)
+    d.hello()
+    d.steps(1, 3, 1.0)
+    d.feed(core.SaveEnd(9999, 3, duration_s=0.1, path="/elsewhere"))
+    d.feed(core.Step(9999, 50, 1.0))
+    assert d.controller.last_saved_step is None and d.controller.obs.last_step == 3
+    d.feed(core.SignalReceived("SIGTERM"))
+    assert d.controller.mode is Mode.DRAINING  # a save is asked for, nothing was taken as saved

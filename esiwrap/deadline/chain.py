@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from esiwrap.deadline.bounds import implausible
 from esiwrap.deadline.value import Deadline, Source
 from esiwrap.errors import SourceUnavailable
 
@@ -26,13 +27,32 @@ class Answer:
 
 
 def ask(source: Source, now: float) -> Answer:
-    """One source's answer; never raises for the source's own failures."""
+    """One source's answer, its deadline held to the plausible range (`bounds`).
+
+    The boundary between the sources and the supervisor: nothing a source raises, and no value
+    it returns, can reach the supervisor's loop other than as an `Answer`.
+    """
     try:
-        return Answer(source.name, deadline=source.resolve(now))
+        deadline = source.resolve(now)
     except SourceUnavailable as exc:
-        return Answer(source.name, reason=str(exc), expected=exc.expected)
+        return Answer(source.name, reason=_text(exc), expected=exc.expected)
     except Exception as exc:  # a source bug must not take training down
-        return Answer(source.name, reason=f"unexpected {type(exc).__name__}: {exc}")
+        return Answer(source.name, reason=f"unexpected {type(exc).__name__}: {_text(exc)}")
+    if not isinstance(deadline, Deadline):
+        return Answer(source.name, reason=f"unexpected answer {type(deadline).__name__}, not a Deadline")
+    problem = implausible(deadline.at, now)
+    if problem is not None:
+        return Answer(source.name, reason=f"{deadline.raw!r} is not a plausible deadline: {problem}")
+    return Answer(source.name, deadline=deadline)
+
+
+def _text(exc: BaseException) -> str:
+    """An exception's message on one line, even when its __str__ misbehaves."""
+    try:
+        text = str(exc)
+    except Exception:
+        text = ""
+    return " ".join(text.split()) or type(exc).__name__
 
 
 def ask_all(sources: Sequence[Source], now: float) -> list[Answer]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from esiwrap.deadline.bounds import implausible
 from esiwrap.deadline.parse import TimeParseError, parse_epoch, parse_when
 from esiwrap.deadline.value import Deadline
 from esiwrap.errors import SourceUnavailable
@@ -56,6 +57,10 @@ class EnvSource:
         except TimeParseError as exc:
             msg = f"{self.var}={raw!r} is unusable: {exc}"
             raise SourceUnavailable(msg) from None
+        problem = implausible(end, now)
+        if problem is not None:
+            msg = f"{self.var}={raw!r} is unusable: read as epoch seconds or milliseconds, {problem}"
+            raise SourceUnavailable(msg)
         return Deadline(at=end - self.lead_s, source=self.name, raw=raw.strip(), lead_s=self.lead_s)
 
 

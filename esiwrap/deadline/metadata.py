@@ -2,7 +2,9 @@
 
 Volcengine (`http://100.96.0.96`) and AWS (`http://169.254.169.254`) speak the same protocol:
 PUT `/latest/api/token` with a TTL header returns a session token, then GETs carry it in another
-header. Where tokens are not required (or the PUT is refused with an HTTP error) plain GETs work.
+header. Where tokens are not offered (the PUT is refused with 403/404/405) plain GETs are used; a
+throttled or failed token request (429, 5xx) is retried with backoff and never turns tokens off,
+and a 401 on a GET fetches a fresh token and asks once more.
 
 The address is link-local-ish and answers in milliseconds on a VM; off a VM it is unroutable, so
 timeouts are short and attempts few, and a failed connection is remembered for a moment so the
@@ -22,6 +24,9 @@ AWS_METADATA_URL = "http://169.254.169.254"
 TOKEN_PATH = "/latest/api/token"
 TOKEN_TTL_S = 21600
 TOKEN_REUSE_S = TOKEN_TTL_S - 60  # renew a minute before the service forgets it
+# A definite "no tokens here" to the token PUT (AWS: 403 when IMDSv2 is off; 404/405 where the
+# path or method does not exist). Anything else (429, 5xx, 400, 401) is not a reason to give up.
+TOKEN_REFUSED = frozenset({403, 404, 405})
 
 
 class MetadataUnreachable(Exception):
@@ -72,66 +77,103 @@ class MetadataClient:
         self._token: str | None = None
         self._token_until = 0.0
         self._tokens_supported = True
+        self._token_refusal = ""  # how the token request was refused, for reasons
         self._unreachable_until = 0.0
         self._unreachable_reason = ""
 
     def get(self, path: str) -> str | None:
         """The item's text, or None when the service says 404 (the item does not exist here)."""
-        headers = {}
-        token = self._session_token()
-        if token is not None:
-            headers[self.dialect.token_header] = token
-        status, body = self._request("GET", path, headers)
-        if status == 401 and token is not None:  # the token expired early: one fresh try
-            with self._lock:
-                self._token = None
-            headers[self.dialect.token_header] = self._session_token() or ""
-            status, body = self._request("GET", path, headers)
+        token, token_trouble = self._session_token()
+        status, body, attempts = self._request("GET", path, self._token_headers(token))
+        if status == 401:
+            status, body, attempts = self._get_with_fresh_token(path, token, token_trouble)
         if status == 404:
             return None
         if status != 200:
-            msg = f"{self.base_url}{path} answered HTTP {status}"
+            tries = f" after {attempts} attempts" if attempts > 1 else ""
+            msg = f"{self.base_url}{path} answered HTTP {status}{tries}"
             raise MetadataError(msg)
         return body
 
-    def _session_token(self) -> str | None:
-        """A cached IMDSv2 token; None where the service does not hand out tokens."""
+    def _get_with_fresh_token(self, path: str, stale: str | None,
+                              token_trouble: str) -> tuple[int, str, int]:
+        """A 401: the item needs a token we do not hold (it expired early, or the flow was off).
+        Fetch a fresh one and ask once more; a second 401 means the service refuses our tokens."""
+        where = f"{self.base_url}{path}"
+        if token_trouble:  # the token request failed a moment ago: asking again now fails the same way
+            msg = f"metadata token request failed ({token_trouble}), and {where} needs a token (HTTP 401)"
+            raise MetadataError(msg)
+        self._forget_token(stale)
+        fresh, token_trouble = self._session_token()
+        if fresh is None:
+            why = token_trouble or f"refused: {self._token_refusal}"
+            msg = f"metadata token request failed ({why}), and {where} needs a token (HTTP 401)"
+            raise MetadataError(msg)
+        status, body, attempts = self._request("GET", path, self._token_headers(fresh))
+        if status == 401:
+            msg = f"metadata token refused: HTTP 401 on {where} with a fresh token"
+            raise MetadataError(msg)
+        return status, body, attempts
+
+    def _token_headers(self, token: str | None) -> dict[str, str]:
+        return {} if token is None else {self.dialect.token_header: token}
+
+    def _session_token(self) -> tuple[str | None, str]:
+        """(a cached IMDSv2 token, "") or (None, why not).
+
+        Only a definite refusal of the token request (403/404/405: this service hands out no
+        tokens) switches to plain GETs for good, with an empty reason. A transient answer (429,
+        5xx, retried with backoff) leaves the flow on: the next call asks for a token again, and
+        the reason says what happened, for the item that then needs one.
+        """
         with self._lock:
             if not self._tokens_supported:
-                return None
+                return None, ""
             if self._token is not None and time.monotonic() < self._token_until:
-                return self._token
-        status, body = self._request("PUT", TOKEN_PATH, {self.dialect.ttl_header: str(TOKEN_TTL_S)})
+                return self._token, ""
+        ttl = {self.dialect.ttl_header: str(TOKEN_TTL_S)}
+        status, body, attempts = self._request("PUT", TOKEN_PATH, ttl)
         with self._lock:
             if status == 200 and body.strip():
                 self._token, self._token_until = body.strip(), time.monotonic() + TOKEN_REUSE_S
-                return self._token
-            # It answered, but without a token (404/405/403): tokens are not required here.
-            self._tokens_supported = False
-            return None
+                return self._token, ""
+            if status in TOKEN_REFUSED:
+                self._tokens_supported, self._token_refusal = False, f"HTTP {status}"
+                return None, ""
+        tries = f" after {attempts} attempts" if attempts > 1 else ""
+        return None, f"HTTP {status}{tries}" if status != 200 else "an empty token"
 
-    def _request(self, method: str, path: str, headers: dict[str, str]) -> tuple[int, str]:
-        """One HTTP exchange with bounded retries on connection failures and 5xx."""
+    def _forget_token(self, stale: str | None) -> None:
+        """Drop a token the service no longer takes, and ask for tokens again even if it once
+        refused to hand them out (it now wants one)."""
+        with self._lock:
+            if self._token == stale:
+                self._token = None
+            self._tokens_supported = True
+
+    def _request(self, method: str, path: str, headers: dict[str, str]) -> tuple[int, str, int]:
+        """One HTTP exchange: (status, body, attempts made). Connection failures and transient
+        answers (429, 5xx) are retried with backoff, a bounded number of times; the last answer
+        is returned. Nothing answering at all raises MetadataUnreachable."""
         with self._lock:
             if time.monotonic() < self._unreachable_until:
                 raise MetadataUnreachable(self._unreachable_reason)
         t = self.timeouts
         failure = ""
-        for attempt in range(max(1, t.attempts)):
+        answer: tuple[int, str] | None = None
+        attempts = max(1, t.attempts)
+        for attempt in range(attempts):
             if attempt:
                 time.sleep(t.backoff_s * 2 ** (attempt - 1))
             try:
-                status, body = self._exchange(method, path, headers)
+                answer = self._exchange(method, path, headers)
             except OSError as exc:  # refused, unreachable, timed out, reset
                 failure = _describe(exc)
                 continue
-            if status >= 500:
-                failure = f"HTTP {status}"
-                continue
-            return status, body
-        if failure.startswith("HTTP"):
-            msg = f"{self.base_url}{path} answered {failure}"
-            raise MetadataError(msg)
+            if not _transient(answer[0]):
+                return answer[0], answer[1], attempt + 1
+        if answer is not None:  # it answered, if only with 429/5xx
+            return answer[0], answer[1], attempts
         reason = f"{self.base_url}: {failure}"
         with self._lock:
             self._unreachable_until = time.monotonic() + t.remember_unreachable_s
@@ -159,6 +201,11 @@ class MetadataClient:
             raise ConnectionError(f"bad HTTP answer: {type(exc).__name__}") from None
         finally:
             conn.close()
+
+
+def _transient(status: int) -> bool:
+    """Throttled or a server error: worth another try after a pause."""
+    return status == 429 or status >= 500
 
 
 def _describe(exc: OSError) -> str:

@@ -2,6 +2,8 @@
 
 Accepted: epoch seconds or milliseconds (told apart by magnitude), ISO-8601 / RFC 3339 with an
 offset or `Z`, and relative `+90s`, `+15m`, `+2h`, `+1d` (relative to `now`, an argument).
+`parse_when` also holds the result to the plausible range of `bounds` (it knows `now`); every
+function here returns a float or raises `TimeParseError`, whatever the text.
 """
 
 from __future__ import annotations
@@ -9,6 +11,10 @@ from __future__ import annotations
 import math
 import re
 from datetime import datetime
+
+from esiwrap.deadline.bounds import EARLIEST, HORIZON_S, implausible
+
+MAX_DURATION_S = HORIZON_S  # longer than any run; keeps every timer finite
 
 _HINT = "use ISO-8601 like 2026-09-14T20:30:00+08:00, epoch seconds, or +2h"
 _RELATIVE = re.compile(r"^\+\s*(\d+(?:\.\d+)?)\s*([smhd]?)$", re.IGNORECASE)
@@ -42,7 +48,11 @@ def parse_duration(text: str) -> float:
     if not match:
         msg = "not a duration; use seconds like 90, or 90s, 15m, 2h"
         raise TimeParseError(msg)
-    return float(match.group(1)) * _UNIT_S[match.group(2).lower()]
+    seconds = float(match.group(1)) * _UNIT_S[match.group(2).lower()]
+    if seconds > MAX_DURATION_S:  # also the infinity that float() makes of 400 digits
+        msg = f"too long; at most {MAX_DURATION_S:g} seconds (10 years)"
+        raise TimeParseError(msg)
+    return seconds
 
 
 def parse_iso(text: str) -> float:
@@ -58,11 +68,24 @@ def parse_iso(text: str) -> float:
         example = stripped if "T" in stripped or " " in stripped else stripped + "T00:00:00"
         msg = f"no UTC offset; add one, e.g. {example}+08:00 or {example}Z"
         raise TimeParseError(msg)
-    return moment.timestamp()
+    try:
+        return moment.timestamp()
+    except (OverflowError, ValueError):  # e.g. 0001-01-01T00:00:00+01:00 is before the year 1 in UTC
+        msg = f"out of range; {_HINT}"
+        raise TimeParseError(msg) from None
 
 
 def parse_when(text: str, now: float) -> float:
-    """Any accepted form of a deadline, as epoch seconds. `now` anchors relative forms."""
+    """Any accepted form of a deadline, as epoch seconds within the plausible range (`bounds`).
+    `now` anchors relative forms and the range."""
+    at = _parse_any(text, now)
+    problem = implausible(at, now)
+    if problem is not None:
+        raise TimeParseError(_with_suggestion(problem, text.strip(), now))
+    return at
+
+
+def _parse_any(text: str, now: float) -> float:
     stripped = text.strip()
     if not stripped:
         msg = f"empty value; {_HINT}"
@@ -79,6 +102,18 @@ def parse_when(text: str, now: float) -> float:
         return parse_iso(stripped)
     msg = f"not a time; {_HINT}"
     raise TimeParseError(msg)
+
+
+def _with_suggestion(problem: str, text: str, now: float) -> str:
+    """The range problem, and for a small bare number the relative form that was probably meant."""
+    if _NUMBER.match(text):
+        seconds = float(text)
+        if 0 < seconds < EARLIEST and seconds <= HORIZON_S:
+            return f"read as epoch seconds, {problem}; for {text} seconds from now write +{text}s"
+        return f"read as an epoch time, {problem}; use epoch seconds like {int(now) + 7200}, or +2h"
+    if text.startswith("+"):
+        return f"{problem}; write at most +{int(HORIZON_S // 86400)}d"
+    return f"{problem}; {_HINT}"
 
 
 def _trim_fraction(text: str) -> str:

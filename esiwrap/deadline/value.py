@@ -29,9 +29,23 @@ class Deadline:
 
 
 def iso_utc(epoch_s: float) -> str:
-    """Epoch seconds as ISO-8601 UTC with milliseconds, e.g. 2026-11-30T02:15:11.123Z."""
-    text = datetime.fromtimestamp(epoch_s, tz=timezone.utc).isoformat(timespec="milliseconds")
-    return text.replace("+00:00", "Z")
+    """Epoch seconds as ISO-8601 UTC with milliseconds, e.g. 2026-11-30T02:15:11.123Z.
+
+    Never raises: a value with no calendar date between the years 1 and 9999 (or not a number)
+    is written as `epoch <value>`.
+    """
+    moment = utc_datetime(epoch_s)
+    if moment is None:
+        return f"epoch {epoch_s!r}"
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def utc_datetime(epoch_s: float) -> datetime | None:
+    """The UTC moment, or None where `datetime` (years 1..9999) or the platform cannot hold it."""
+    try:
+        return datetime.fromtimestamp(epoch_s, tz=timezone.utc)
+    except (OverflowError, OSError, ValueError, TypeError):
+        return None
 
 
 @runtime_checkable

@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from esiwrap.deadline.bounds import implausible
 from esiwrap.deadline.metadata import MetadataClient, MetadataError, MetadataUnreachable
 from esiwrap.deadline.parse import TimeParseError, parse_iso
 from esiwrap.deadline.value import Deadline
@@ -67,7 +68,7 @@ class VolcengineSource:
         region = self.settings.region or self._metadata_item(REGION_PATH, "region_id")
         api = self._ecs_api(region)
         instance = self._describe_instance(api, instance_id)
-        scheduled_id = (getattr(instance, "scheduled_instance_id", None) or "").strip()
+        scheduled_id = _text_field(instance, "scheduled_instance_id")
         if not scheduled_id:
             msg = f"instance {instance_id} is not an elastic scheduled instance (no ScheduledInstanceId)"
             raise SourceUnavailable(msg, expected=True)
@@ -77,8 +78,12 @@ class VolcengineSource:
         except TimeParseError as exc:
             msg = f"scheduled instance {scheduled_id}: AutoReleaseAt {raw!r} is unparsable: {exc}"
             raise SourceUnavailable(msg) from None
+        problem = implausible(at, now)
+        if problem is not None:
+            msg = f"scheduled instance {scheduled_id}: AutoReleaseAt {raw!r} is implausible: {problem}"
+            raise SourceUnavailable(msg)
         detail = {"instance_id": instance_id, "scheduled_instance_id": scheduled_id, "region": region}
-        expired_at = (getattr(instance, "expired_at", None) or "").strip()
+        expired_at = _text_field(instance, "expired_at")
         if expired_at:
             detail["expired_at"] = expired_at
         return Deadline(at=at, source=self.name, raw=raw, detail=detail)
@@ -118,7 +123,9 @@ class VolcengineSource:
         config.num_max_retries = self.settings.retries
         config.min_retry_delay_ms = 300
         config.max_retry_delay_ms = 2000
-        self._api = volcenginesdkecs.ECSApi(volcenginesdkcore.ApiClient(config))
+        client = volcenginesdkcore.ApiClient(config)
+        client.interceptor_chain.insert_response_interceptor(_answer_check())  # first: before decoding
+        self._api = volcenginesdkecs.ECSApi(client)
         self._api_region = region
         return self._api
 
@@ -145,7 +152,7 @@ class VolcengineSource:
         if not infos:
             msg = f"DescribeScheduledInstances does not know scheduled instance {scheduled_id}"
             raise SourceUnavailable(msg)
-        raw = (getattr(infos[0], "auto_release_at", None) or "").strip()
+        raw = _text_field(infos[0], "auto_release_at")
         if not raw:
             msg = f"scheduled instance {scheduled_id} has an empty AutoReleaseAt (no release time set)"
             raise SourceUnavailable(msg)
@@ -157,6 +164,13 @@ class VolcengineSource:
             return method(request)
         except SourceUnavailable:
             raise
+        except MalformedAnswer as exc:
+            raise SourceUnavailable(f"{action} answered {exc}; the next refresh tries again") from None
+        except (AttributeError, TypeError, ValueError, KeyError, IndexError) as exc:
+            # The SDK could not map a well-formed JSON answer onto its model: a shape we do not know.
+            msg = f"{action} answered an unexpected shape ({type(exc).__name__}: {_first_line(exc)}); " \
+                  "the next refresh tries again"
+            raise SourceUnavailable(msg) from None
         except Exception as exc:
             raise SourceUnavailable(explain_failure(exc, action, self.settings)) from None
 
@@ -211,6 +225,56 @@ def _error_code(exc: Any) -> tuple[str, str]:
     if not isinstance(error, Mapping):
         return "", ""
     return str(error.get("Code") or ""), str(error.get("Message") or "")
+
+
+class MalformedAnswer(Exception):
+    """An HTTP 200 from the OpenAPI whose body is not the JSON envelope it always sends."""
+
+
+def check_answer(body: Any) -> None:
+    """Raise MalformedAnswer unless `body` is a JSON object with a `ResponseMetadata` object."""
+    try:
+        data = json.loads(body)
+    except (ValueError, TypeError):
+        raise MalformedAnswer(f"unparsable JSON ({_excerpt(body)})") from None
+    if not isinstance(data, dict):
+        raise MalformedAnswer(f"JSON that is not an object ({_excerpt(body)})")
+    if not isinstance(data.get("ResponseMetadata"), dict):
+        raise MalformedAnswer(f"JSON without a ResponseMetadata object ({_excerpt(body)})")
+
+
+def _answer_check() -> Any:
+    """An SDK response interceptor that runs `check_answer` before the SDK decodes the body, so
+    a garbled answer is named as such (the SDK itself would fail on it with an AttributeError)."""
+    from volcenginesdkcore.interceptor import ResponseInterceptor
+
+    class AnswerCheck(ResponseInterceptor):  # type: ignore[misc]
+        def name(self) -> str:
+            return "esiwrap-answer-check"
+
+        def intercept(self, context: Any) -> Any:
+            if context.request.preload_content:
+                check_answer(getattr(context.response.http_response, "data", None))
+            return context
+
+    return AnswerCheck()
+
+
+def _excerpt(body: Any) -> str:
+    text = body.decode("utf-8", "replace") if isinstance(body, bytes) else str(body)
+    text = " ".join(text.split())
+    return repr(text[:60] + ("..." if len(text) > 60 else ""))
+
+
+def _text_field(model: Any, name: str) -> str:
+    """A string attribute of an SDK model, stripped; "" when absent or not a string."""
+    value = getattr(model, name, None)
+    return value.strip() if isinstance(value, str) else ""
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc)
+    return text.splitlines()[0] if text else ""
 
 
 def _quiet_sdk_logging(config: Any) -> None:

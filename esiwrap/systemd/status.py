@@ -7,8 +7,10 @@ and is refreshed at most every few seconds.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from datetime import datetime, timezone
+
+from esiwrap.deadline.value import iso_utc, utc_datetime
 
 
 @dataclass(frozen=True)
@@ -70,6 +72,8 @@ def _save(facts: StatusFacts) -> list[str]:
 
 def human_duration(seconds: float) -> str:
     """90 -> '90s', 2520 -> '42m', 18180 -> '5h03m', 190800 -> '2d05h'; negative: 'overdue 5s'."""
+    if not math.isfinite(seconds) or abs(seconds) >= 1e10:  # centuries: not a duration to show
+        return "?"
     if seconds < 0:
         return "overdue " + human_duration(-seconds)
     whole = int(seconds)
@@ -83,4 +87,5 @@ def human_duration(seconds: float) -> str:
 
 
 def _iso_seconds(epoch_s: float) -> str:
-    return datetime.fromtimestamp(epoch_s, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    moment = utc_datetime(epoch_s)
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ") if moment is not None else iso_utc(epoch_s)

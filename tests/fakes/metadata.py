@@ -4,11 +4,18 @@
     GET /latest/<item>     (token header) -> the item's text, 404 when absent, 401 without a token
 
 `items` maps paths to text and may be changed while a test runs (a spot notice appearing).
+
+Faults, for the token flow: `answer_token_puts(429, 503, ...)` answers the next PUTs with these
+statuses (then normally), `delay_token_puts(3.0, ...)` makes the next PUTs that slow (a read
+timeout), `refuse_tokens_with = 403` answers every PUT so (a service without tokens),
+`reject_tokens = True` hands out tokens but answers every GET 401 (it refuses them), and
+`forget_tokens()` drops the tokens handed out so far (they expired early).
 """
 
 from __future__ import annotations
 
 import secrets
+import time
 from dataclasses import dataclass
 
 from fakes._server import QuietHandler, Running
@@ -40,7 +47,26 @@ class FakeMetadata(Running):
         self.tokens_supported = tokens_supported
         self.tokens: set[str] = set()
         self.hits: list[Hit] = []
+        self.token_put_statuses: list[int] = []
+        self.token_put_delays: list[float] = []
+        self.refuse_tokens_with: int | None = None
+        self.reject_tokens = False
         super().__init__(_MetadataHandler)
+
+    def answer_token_puts(self, *statuses: int) -> None:
+        with self.lock:
+            self.token_put_statuses.extend(statuses)
+
+    def delay_token_puts(self, *seconds: float) -> None:
+        with self.lock:
+            self.token_put_delays.extend(seconds)
+
+    def forget_tokens(self) -> None:
+        with self.lock:
+            self.tokens.clear()
+
+    def puts(self) -> list[Hit]:
+        return [h for h in self.hits if h.method == "PUT"]
 
     def set(self, path: str, text: str | None) -> None:
         with self.lock:
@@ -64,8 +90,17 @@ class _MetadataHandler(QuietHandler):
         fake = self.fake
         ttl = self.headers.get(fake.headers.ttl)
         fake.hits.append(Hit("PUT", self.path, bool(ttl)))
+        with fake.lock:
+            delay = fake.token_put_delays.pop(0) if fake.token_put_delays else 0.0
+            injected = fake.token_put_statuses.pop(0) if fake.token_put_statuses else None
+        if delay:
+            time.sleep(delay)
         if not fake.tokens_supported:
             self.reply(405, b"", "text/plain")
+            return
+        refusal = injected or fake.refuse_tokens_with
+        if refusal is not None:
+            self.reply(refusal, f"HTTP {refusal}".encode(), "text/plain")
             return
         if self.path != "/latest/api/token" or not ttl or not ttl.isdigit():
             self.reply(400, b"missing or bad TTL header", "text/plain")
@@ -79,7 +114,7 @@ class _MetadataHandler(QuietHandler):
         fake = self.fake
         token_ok = self.headers.get(fake.headers.token) in fake.tokens
         fake.hits.append(Hit("GET", self.path, token_ok))
-        if fake.require_token and fake.tokens_supported and not token_ok:
+        if fake.reject_tokens or (fake.require_token and fake.tokens_supported and not token_ok):
             self.reply(401, b"token required", "text/plain")
             return
         with fake.lock:

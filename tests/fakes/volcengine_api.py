@@ -8,7 +8,8 @@ signed, or signed with another key, gets the API's own 401 error body.
 Answers: `{"ResponseMetadata": {RequestId, Action, Version, Service, Region}, "Result": {...}}`,
 errors `{"ResponseMetadata": {..., "Error": {"CodeN": N, "Code": "...", "Message": "..."}}}` with
 the HTTP status the API uses. State (instances, release times, a failure to inject, a delay) may be
-changed while a test runs.
+changed while a test runs. `answer_raw(action, body)` makes the API answer that action with these
+bytes and HTTP 200, whatever they are (garbage, a JSON list, a wrong shape), once signed correctly.
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ class FakeEcsState:
     scheduled: dict[str, dict[str, Any]] = field(default_factory=dict)
     failure: Failure | None = None
     delay_s: float = 0.0
+    raw: dict[str, bytes] = field(default_factory=dict)  # action -> the whole body of a 200 answer
 
 
 class FakeVolcengineApi(Running):
@@ -84,6 +86,10 @@ class FakeVolcengineApi(Running):
                 "ScheduledInstanceId": scheduled_instance_id, "AutoReleaseAt": auto_release_at,
                 "Status": "Active", "DeliveryType": "Scheduled",
             }
+
+    def answer_raw(self, action: str, body: bytes) -> None:
+        with self.lock:
+            self.state.raw[action] = body
 
     def actions(self) -> list[str]:
         return [c.action for c in self.calls]
@@ -112,7 +118,7 @@ class _ApiHandler(QuietHandler):
         signed, access_key, region, service = self._verify(params, body)
         fake.calls.append(Call(action, version, params, signed, access_key, region, service))
         with fake.lock:
-            delay, failure = fake.state.delay_s, fake.state.failure
+            delay, failure, raw = fake.state.delay_s, fake.state.failure, fake.state.raw.get(action)
         if delay:
             time.sleep(delay)
         meta = {"RequestId": secrets.token_hex(12).upper(), "Action": action, "Version": version,
@@ -126,6 +132,8 @@ class _ApiHandler(QuietHandler):
             self._error(meta, Failure("InvalidActionOrVersion", 404, f"version {version}", 100008))
         elif failure is not None:
             self._error(meta, failure)
+        elif raw is not None:
+            self.reply(200, raw)
         elif action == "DescribeInstances":
             self._ok(meta, self._describe_instances(params))
         elif action == "DescribeScheduledInstances":

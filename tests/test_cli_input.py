@@ -1,0 +1,139 @@
+"""What a user types before the command: the splitter between esiwrap's options and the command,
+a mistyped subcommand, and a log file that cannot be written. Each mistake is one line, exit 2,
+before the child starts; a well-formed command reaches the child untouched."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+from esiwrap_harness import PYTHON
+
+from esiwrap.cli import split_run_argv
+from esiwrap.errors import EXIT_NOT_FOUND, EXIT_USAGE
+
+PRINT_ARGV = "import os, sys; print(os.environ.get('FOO'), sys.argv[1:])"
+
+
+@pytest.mark.parametrize(("argv", "options", "command"), [
+    (["--", "python", "train.py"], [], ["python", "train.py"]),
+    (["python", "train.py"], [], ["python", "train.py"]),
+    (["env", "FOO=1", "--", "sh", "-c", "echo $FOO"], [], ["env", "FOO=1", "--", "sh", "-c", "echo $FOO"]),
+    (["uv", "run", "--", "python", "train.py"], [], ["uv", "run", "--", "python", "train.py"]),
+    (["--deadline", "+2h", "env", "FOO=1", "--", "x"], ["--deadline", "+2h"], ["env", "FOO=1", "--", "x"]),
+    (["--deadline=+2h", "torchrun", "--nproc_per_node=2", "--", "train.py", "--", "x"], ["--deadline=+2h"],
+     ["torchrun", "--nproc_per_node=2", "--", "train.py", "--", "x"]),
+    (["--stop-grace", "5", "--final-save", "--", "--", "x"], ["--stop-grace", "5", "--final-save"],
+     ["--", "x"]),
+    (["--no-final-save", "--signal-child", "python"], ["--no-final-save", "--signal-child"], ["python"]),
+    (["--dead", "+2h", "python"], ["--dead", "+2h"], ["python"]),  # a unique prefix, as argparse allows
+    (["--deadline", "--", "python"], ["--deadline", "--"], ["python"]),  # the value, whatever it is
+    (["--stop-grace", "5"], ["--stop-grace", "5"], []),
+    (["--"], [], []),
+    ([], [], []),
+    (["-", "x"], [], ["-", "x"]),
+])
+def test_split(argv: list[str], options: list[str], command: list[str]) -> None:
+    """Options up to the first `--` or the first word that is neither an option nor its value."""
+    assert split_run_argv(argv) == (options, command)
+
+
+def _esiwrap(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None,
+             ) -> subprocess.CompletedProcess[str]:
+    full = {**os.environ, **(env or {})}
+    return subprocess.run([PYTHON, "-m", "esiwrap", *args], capture_output=True, text=True, env=full,
+                          cwd=cwd, timeout=60)
+
+
+def test_words_before_a_later_double_dash_reach_the_child() -> None:
+    """`esiwrap env FOO=1 python -c ... -- a`: env, its assignment and the later `--` all arrive."""
+    done = _esiwrap("env", "FOO=1", PYTHON, "-c", PRINT_ARGV, "--", "a")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "1 ['--', 'a']\n"
+
+
+def test_the_command_argv_is_untouched(esiwrap) -> None:
+    """The issue's shape (`esiwrap env FOO=1 -- sh -c 'echo $FOO'`) with a program that prints its
+    arguments instead of complaining: the child runs exactly the argv given, `--` and all."""
+    argv = ["sh", "-c", 'echo "args: $*"', "sh", "FOO=1", "--", "x"]
+    run = esiwrap(*argv)
+    assert run.wait_event("child_started", 30)["argv"] == argv
+    run.wait_stdout("args: FOO=1 -- x\n", 30)
+    assert run.finish(30) == 0
+
+
+def test_options_then_command_then_double_dash() -> None:
+    """`esiwrap --deadline +2h uv-like run -- python ...`: the option is esiwrap's, the rest the
+    command's, a `--` included."""
+    done = _esiwrap("--deadline", "+2h", "env", "FOO=2", PYTHON, "-c", PRINT_ARGV, "--", "--lr", "1")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "2 ['--', '--lr', '1']\n"
+    assert '"source":"cli"' in done.stderr
+
+
+def test_mistyped_subcommand_suggests_the_real_one(tmp_path: Path) -> None:
+    """`esiwrap reprot run.jsonl`: one line with the suggestion, exit 2 (not 127)."""
+    done = _esiwrap("reprot", "run.jsonl")
+    assert done.returncode == EXIT_USAGE
+    assert done.stderr.count("\n") == 1 and "did you mean `report`?" in done.stderr
+    deadline = _esiwrap("dedline")
+    assert deadline.returncode == EXIT_USAGE and "did you mean `deadline`?" in deadline.stderr
+
+
+def test_a_real_command_close_to_a_subcommand_still_runs(tmp_path: Path) -> None:
+    """A command on PATH is run even when its name is close to a subcommand."""
+    program = tmp_path / "reports"
+    program.write_text("#!/bin/sh\necho ran reports\n")
+    program.chmod(0o755)
+    done = _esiwrap("reports", env={"PATH": f"{tmp_path}:{os.environ['PATH']}"})
+    assert done.returncode == 0 and done.stdout == "ran reports\n", done.stderr
+
+
+def test_unknown_command_is_still_127() -> None:
+    """A word far from every subcommand, not on PATH: command not found, 127, as before."""
+    assert _esiwrap("no-such-command-esiwrap").returncode == EXIT_NOT_FOUND
+    assert _esiwrap("--", "reprot").returncode == EXIT_NOT_FOUND  # after --, it is a command
+
+
+@pytest.mark.parametrize(("where", "expected"), [
+    ("missing/dir/run.jsonl", "directory {tmp}/missing/dir does not exist; create it (mkdir -p"),
+    (".", "is a directory; name a file in it, e.g. {tmp}/esiwrap.jsonl"),
+    ("file/run.jsonl", "{tmp}/file is not a directory"),
+])
+def test_log_file_that_cannot_be_written(tmp_path: Path, where: str, expected: str) -> None:
+    """One line naming the path and the fix, exit 2, and the child never starts."""
+    (tmp_path / "file").write_text("")
+    marker = tmp_path / "started"
+    path = str(tmp_path / where) if where != "." else str(tmp_path)
+    for args, env, label in ((["--log-file", path], {}, "--log-file"),
+                             ([], {"ESIWRAP_LOG_FILE": path}, "ESIWRAP_LOG_FILE")):
+        done = _esiwrap(*args, "--", "touch", str(marker), env=env)
+        assert done.returncode == EXIT_USAGE, done.stderr
+        assert done.stderr.startswith(f"esiwrap: {label} {path!r}: ")
+        assert expected.format(tmp=tmp_path) in done.stderr
+        assert done.stderr.count("\n") == 1 and not marker.exists()
+
+
+def test_log_file_on_a_read_only_mount(tmp_path: Path) -> None:
+    """A directory esiwrap may not write (a read-only bind mount in a private mount namespace;
+    root ignores permission bits): refused before the child starts."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    marker = tmp_path / "started"
+    script = (f'mount --bind -o ro "{logs}" "{logs}" && exec "$0" -m esiwrap '
+              f'--log-file "{logs}/run.jsonl" -- touch "{marker}"')
+    done = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script, PYTHON],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == EXIT_USAGE, done.stderr
+    assert f"directory {logs} is not writable; fix its permissions" in done.stderr
+    assert not marker.exists()
+
+
+def test_log_file_in_an_existing_directory_is_written(tmp_path: Path) -> None:
+    """The ordinary case still works: the file is created and holds the run's JSON lines."""
+    log = tmp_path / "run.jsonl"
+    done = _esiwrap("--log-file", str(log), "--", "true")
+    assert done.returncode == 0, done.stderr
+    assert '"event":"supervisor_exit"' in log.read_text()
