@@ -272,11 +272,14 @@ class KvRelay:
         self._kv._internal_kv_put(self._prefix + "request", str(count), overwrite=True, namespace=NAMESPACE)
 
     def request_count(self) -> int:
+        """esiwrap's requests relayed by the driver, plus save signals sent to this process by
+        hand (`kill -USR1` on the TaskRunner, as on a plain trainer): both counters only grow."""
         raw = self._kv._internal_kv_get(self._prefix + "request", namespace=NAMESPACE)
         try:
-            return int(raw) if raw else 0
+            relayed = int(raw) if raw else 0
         except ValueError:
-            return 0
+            relayed = 0
+        return relayed + signal_flag.count
 
     # up: the loop's events
     def send(self, message_type: str, **fields: Any) -> bool:
