@@ -27,7 +27,7 @@ import psutil
 
 from esiwrap import process, systemd
 from esiwrap.channel import SIGNAL_ENV, SOCKET_ENV, ChannelServer, Message
-from esiwrap.deadline import Answer, Deadline, Source, iso_utc, winner
+from esiwrap.deadline import Answer, Deadline, Source, iso_utc, remote, winner
 from esiwrap.errors import (
     EXIT_CHECKPOINTED,
     EXIT_FAILURE,
@@ -362,6 +362,7 @@ class Supervisor:
 
     def _on_save_begin(self, message: Message) -> None:
         step = message.get_int("step")
+        self._adopt_peer_request(message)
         request = self.request
         if request is not None:
             first = not request.begun
@@ -378,6 +379,7 @@ class Supervisor:
         if not message.get_bool("ok", True):
             self.log.error("save_failed", step=step, pid=message.pid, error=message.get_str("error"))
             return  # the trainer keeps its flag and tries again at the next boundary
+        self._adopt_peer_request(message)
         request = self.request
         if request is None:
             self.obs.record_save(message.get_float("duration_s"))
@@ -391,7 +393,11 @@ class Supervisor:
     # ------------------------------------------------------------------ deadline
     def _take_answers(self, answers: Sequence[Answer]) -> None:
         for answer in answers:
-            if answer.deadline is not None:
+            if answer.withdrawn:  # a node that left the cluster: its deadline no longer counts
+                known = self._known.pop(answer.source, None)
+                if known is not None or self._unavailable.pop(answer.source, None) is not None:
+                    self.log.info("deadline_withdrawn", source=answer.source, reason=answer.reason)
+            elif answer.deadline is not None:
                 self._known[answer.source] = answer.deadline
                 self._unavailable.pop(answer.source, None)
             elif self._unavailable.get(answer.source) != answer.reason:
@@ -416,7 +422,7 @@ class Supervisor:
         else:
             self.log.warning(
                 "deadline_changed", old=old.iso(), new=new.iso(), source=new.source,
-                remaining_s=round(new.at - now, 3), raw=new.raw,
+                remaining_s=round(new.at - now, 3), raw=new.raw, **new.detail,
             )
         if self.phase is Phase.CONTINUING and (old is None or new.at > old.at):
             self.phase, self.saves_done = Phase.RUNNING, 0  # a renewal: plan against it afresh
@@ -559,6 +565,9 @@ class Supervisor:
             self._ack_until = None
             self._begin_stop(f"checkpoint complete after {request.reason}", EXIT_CHECKPOINTED)
             return
+        if request.reason == "peer":
+            self._begin_stop("checkpoint complete after a peer node's request", EXIT_CHECKPOINTED)
+            return
         if request.reason == "manual":
             return  # a save by hand changes nothing in the plan
         self.saves_done += 1
@@ -606,6 +615,24 @@ class Supervisor:
 
     def _remaining(self, now: float) -> float:
         return self.deadline.at - now if self.deadline is not None else float("nan")
+
+    # ------------------------------------------------------------------ several nodes
+    def _on_deadline(self, message: Message) -> None:
+        """Another node's deadline answer, relayed by a Ray driver (`ray_nodes`)."""
+        answer = remote.from_fields(message.fields)
+        if answer is not None:
+            self._take_answers([answer])
+
+    def _adopt_peer_request(self, message: Message) -> None:
+        """A save another node's esiwrap asked for (the ranks agreed on it in their all-reduce)
+        is this node's save too: the job ends after it on every node, so it is this node's
+        request, and esiwrap stops after it (`peer: true` in the trainer's save messages)."""
+        if self.request is not None or self.phase is Phase.STOPPING or not message.get_bool("peer", False):
+            return
+        now = self._clock()
+        self.request = SaveRequest(reason="peer", kind="peer", requested_at=now, signalled={message.pid})
+        self.log.info("save_requested", reason="peer", kind="peer", pids=[],
+                      remaining_s=round(self._remaining(now), 3) if self.deadline else None)
 
     # ------------------------------------------------------------------ systemd
     def _tell_systemd(self) -> None:
