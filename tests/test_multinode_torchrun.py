@@ -11,23 +11,16 @@ slow) write is on disk; the other node's esiwrap learns from the trainer that a 
 from __future__ import annotations
 
 import signal
-import socket
 from pathlib import Path
 from typing import Any
 
 import torch
-from esiwrap_harness import EXAMPLES, PYTHON, EsiwrapRun, processes_with_marker, wait_until
+from esiwrap_harness import EXAMPLES, PYTHON, EsiwrapRun, free_port, processes_with_marker, wait_until
 
 from esiwrap.errors import EXIT_CHECKPOINTED
 from esiwrap.report import epoch
 
 STARTUP_S = 180.0  # two torch imports and a rendezvous on two loaded cores
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def node(esiwrap: Any, port: int, ckpt_dir: Path, save_seconds: float) -> EsiwrapRun:
