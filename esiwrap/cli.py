@@ -403,13 +403,15 @@ def _deadline_report(answers: Sequence[Answer], best: Any, now: float) -> dict[s
         return {"source": answer.source, "ok": True, "deadline": d.iso(), "epoch": d.at,
                 "raw": d.raw, "lead_s": d.lead_s, "remaining_s": round(d.at - now, 3), **d.detail}
 
-    report: dict[str, Any] = {"sources": [one(a) for a in answers]}
+    return {"sources": [one(a) for a in answers], **_ruling(best, now, "no source knows the deadline")}
+
+
+def _ruling(best: Deadline | None, now: float, why_none: str) -> dict[str, Any]:
+    """The deadline that rules, as JSON fields, or `why_none`."""
     if best is None:
-        report.update(deadline=None, source=None, reason="no source knows the deadline")
-    else:
-        report.update(deadline=best.iso(), epoch=best.at, source=best.source,
-                      remaining_s=round(best.at - now, 3))
-    return report
+        return {"deadline": None, "source": None, "reason": why_none}
+    return {"deadline": best.iso(), "epoch": best.at, "source": best.source,
+            "remaining_s": round(best.at - now, 3)}
 
 
 def _print_deadline_table(answers: Sequence[Answer], best: Any, now: float) -> None:
@@ -467,16 +469,16 @@ def _check_ray_address(address: str) -> None:
              "start it (ray start --head) or give the head's HOST:PORT")
 
 
-def _node_row(node: NodeAnswers, best: Deadline | None, now: float) -> dict[str, Any]:
+def _node_row(node: NodeAnswers, now: float) -> dict[str, Any]:
     row: dict[str, Any] = {"node_id": node.node.node_id, "address": node.node.address}
     if node.error:
-        return {**row, "deadline": None, "source": None, "reason": f"no answer: {node.error}"}
-    row["sources"] = _deadline_report(node.answers, best, now)["sources"]
-    if best is None:
-        reasons = "; ".join(f"{_local_name(a.source)}: {a.reason}" for a in node.answers)
-        return {**row, "deadline": None, "source": None, "reason": reasons or "no sources answered"}
-    return {**row, "deadline": best.iso(), "epoch": best.at, "source": best.source,
-            "remaining_s": round(best.at - now, 3)}
+        return {**row, **_ruling(None, now, f"no answer: {node.error}")}
+    best = winner(node.answers)
+    report = _deadline_report(node.answers, best, now)
+    if best is None:  # why, source by source
+        reasons = [f"{_local_name(a.source)}: {a.reason}" for a in node.answers]
+        report["reason"] = "; ".join(reasons) or "no answer"
+    return {**row, **report}
 
 
 def _local_name(source: str) -> str:
@@ -485,18 +487,12 @@ def _local_name(source: str) -> str:
 
 
 def _cluster_report(nodes: Sequence[NodeAnswers], best: Deadline | None, now: float) -> dict[str, Any]:
-    report: dict[str, Any] = {"nodes": [_node_row(n, winner(n.answers), now) for n in nodes]}
-    if best is None:
-        report.update(deadline=None, source=None, reason="no node knows its deadline")
-    else:
-        report.update(deadline=best.iso(), epoch=best.at, source=best.source,
-                      remaining_s=round(best.at - now, 3))
-    return report
+    return {"nodes": [_node_row(n, now) for n in nodes], **_ruling(best, now, "no node knows its deadline")}
 
 
 def _print_cluster_table(nodes: Sequence[NodeAnswers], best: Deadline | None, now: float) -> None:
     for node in nodes:
-        row = _node_row(node, winner(node.answers), now)
+        row = _node_row(node, now)
         head = f"node {node.node.name()[len('node:'):]}  {node.node.address:<15}"
         if row["deadline"] is None:
             print(f"{head}  none: {row['reason']}")
