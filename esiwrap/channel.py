@@ -10,10 +10,15 @@ Datagrams keep message boundaries, need no connection, and a full or missing rec
     {"type": "save_snapshot", "pid": P, "step": N, "duration_s": 0.4}   (asynchronous saves)
     {"type": "save_end", "pid": P, "step": N, "ok": true, "path": "...", "duration_s": 4.5,
      "error": "..."}
+    {"type": "deadline", "pid": P, "source": "node:1a2b3c4d/env:MLP", "at": 1764470111.0,
+     "raw": "...", "lead_s": 0, "detail": {"node_id": "...", "address": "..."}, "reason": "",
+     "expected": false, "withdrawn": false}
 
 `hello.signal` false means "do not signal me" (a process reached through a relay, such as
 verl's TaskRunner behind its driver); `hello.saves` false means "I take no part in saves" (ranks
-of a rank-0-only checkpoint).
+of a rank-0-only checkpoint). `save_begin`/`save_end` carry `"peer": true` when another node's
+esiwrap asked for the save (multi-node torchrun). A `deadline` is another node's deadline answer,
+relayed by a Ray driver (`esiwrap.integrations.ray_nodes`).
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ SOCKET_ENV = "ESIWRAP_SOCKET"
 __all__ = ["SIGNAL_ENV", "SOCKET_ENV", "ChannelClient", "ChannelServer", "Message", "decode"]
 MAX_DATAGRAM = 64 * 1024
 MAX_PID = 2**22  # the kernel's PID_MAX_LIMIT: larger is no process
-MESSAGE_TYPES = frozenset({"hello", "step", "save_begin", "save_snapshot", "save_end", "bye"})
+MESSAGE_TYPES = frozenset({"hello", "step", "save_begin", "save_snapshot", "save_end", "bye", "deadline"})
 
 
 @dataclass(frozen=True)

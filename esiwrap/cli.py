@@ -19,7 +19,7 @@ import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from esiwrap import __version__
 from esiwrap.choices import AFTER_SAVE, LOG_FORMATS, ON_SIGTERM
@@ -42,6 +42,10 @@ from esiwrap.errors import (
 )
 from esiwrap.policy import PolicyConfig
 from esiwrap.signals import signal_number
+
+if TYPE_CHECKING:
+    from esiwrap.deadline import Deadline
+    from esiwrap.integrations.ray_nodes import NodeAnswers
 
 SUBCOMMANDS = ("deadline", "report", "systemd-unit")
 COMMAND_ENV = "ESIWRAP_COMMAND"  # the command when none follows `--` (systemd environment files)
@@ -304,7 +308,8 @@ def _add_options(parser: argparse.ArgumentParser, options: Sequence[Option]) -> 
 def resolve_options(
     ns: argparse.Namespace, options: Sequence[Option], environ: Mapping[str, str]
 ) -> dict[str, Any]:
-    """Flag, else ESIWRAP_<NAME>, else default; each parsed with a one-line error on failure."""
+    """Flag, else ESIWRAP_<NAME>, else default; each parsed, a bad one raising `UsageError` with
+    the line to show (`main` exits 2 with it; a Ray node's probe reports it)."""
     values: dict[str, Any] = {}
     for opt in options:
         raw = getattr(ns, opt.dest, None)
@@ -320,7 +325,8 @@ def resolve_options(
             reason = _reason(exc)
             shown = "e.g." in reason or opt.example.split()[0] in reason
             example = "" if shown else f"; e.g. {opt.flag} {opt.example}"
-            fail(f"{label} {raw!r}: {reason}{example}")
+            msg = f"{label} {raw!r}: {reason}{example}"
+            raise UsageError(msg) from None
     return values
 
 
@@ -353,6 +359,12 @@ def build_deadline_parser() -> argparse.ArgumentParser:
                      description="Ask every deadline source, print what each said and the winner. "
                      "Exit 0 when a deadline is known, 3 when none.")
     parser.add_argument("--json", action="store_true", help="one JSON object for machines")
+    parser.add_argument("--cluster", action="store_true",
+                        help="ask every node of a Ray cluster instead, each with its own sources and "
+                        "settings (its environment): one line per node")
+    parser.add_argument("--address", metavar="HOST:PORT",
+                        help="the Ray cluster for --cluster (default: RAY_ADDRESS, else the one "
+                        "started on this machine)")
     _add_options(parser, SOURCE_OPTIONS)
     return parser
 
@@ -429,6 +441,10 @@ def run(argv: Sequence[str], environ: Mapping[str, str]) -> int:
 
 def deadline_command(argv: Sequence[str], environ: Mapping[str, str]) -> int:
     ns = build_deadline_parser().parse_args(list(argv))
+    if ns.cluster:
+        return cluster_deadline_command(ns.address or environ.get("RAY_ADDRESS", "").strip(), ns.json)
+    if ns.address:
+        fail("--address is for --cluster; e.g. esiwrap deadline --cluster --address 10.0.0.5:6379")
     values = resolve_options(ns, SOURCE_OPTIONS, environ)
     now = time.time()
     sources = build_sources(values["sources"], source_settings(values), environ, now)
@@ -449,13 +465,15 @@ def _deadline_report(answers: Sequence[Answer], best: Any, now: float) -> dict[s
         return {"source": answer.source, "ok": True, "deadline": d.iso(), "epoch": d.at,
                 "raw": d.raw, "lead_s": d.lead_s, "remaining_s": round(d.at - now, 3), **d.detail}
 
-    report: dict[str, Any] = {"sources": [one(a) for a in answers]}
+    return {"sources": [one(a) for a in answers], **_ruling(best, now, "no source knows the deadline")}
+
+
+def _ruling(best: Deadline | None, now: float, why_none: str) -> dict[str, Any]:
+    """The deadline that rules, as JSON fields, or `why_none`."""
     if best is None:
-        report.update(deadline=None, source=None, reason="no source knows the deadline")
-    else:
-        report.update(deadline=best.iso(), epoch=best.at, source=best.source,
-                      remaining_s=round(best.at - now, 3))
-    return report
+        return {"deadline": None, "source": None, "reason": why_none}
+    return {"deadline": best.iso(), "epoch": best.at, "source": best.source,
+            "remaining_s": round(best.at - now, 3)}
 
 
 def _print_deadline_table(answers: Sequence[Answer], best: Any, now: float) -> None:
@@ -499,6 +517,80 @@ def log_file_problem(path: str) -> str | None:
     elif not os.access(parent, os.W_OK | os.X_OK):
         return f"directory {parent} is not writable; fix its permissions or choose another path"
     return None
+
+
+CLUSTER_ASK_TIMEOUT_S = 60.0  # every node's sources bound their own time; this bounds a stuck node
+
+
+def cluster_deadline_command(address: str, as_json: bool) -> int:
+    """`esiwrap deadline --cluster`: every node of the Ray cluster asked once, one line each."""
+    from esiwrap.integrations import ray_nodes
+
+    _check_ray_address(address)
+    try:
+        nodes = ray_nodes.ask_cluster(address or "auto", CLUSTER_ASK_TIMEOUT_S)
+    except ConnectionError as exc:
+        fail(f"--address {address or 'auto'}: {str(exc).splitlines()[0]}; start the cluster "
+             "(ray start --head) or give its address, e.g. --address 10.0.0.5:6379")
+    now = time.time()
+    best = winner(answer for node in nodes for answer in node.answers)
+    if as_json:
+        print(json.dumps(_cluster_report(nodes, best, now), indent=2))
+    else:
+        _print_cluster_table(nodes, best, now)
+    return EXIT_OK if best is not None else EXIT_NO_DEADLINE
+
+
+def _check_ray_address(address: str) -> None:
+    """A Ray address nobody listens on makes `ray.init` retry for minutes: ask the port first."""
+    if not address or address == "auto":
+        return
+    import socket
+
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit() or "://" in address:
+        fail(f"--address {address!r}: not HOST:PORT; e.g. --address 10.0.0.5:6379")
+    try:
+        socket.create_connection((host, int(port)), timeout=3.0).close()
+    except OSError as exc:
+        fail(f"--address {address}: no Ray cluster answers there ({exc.strerror or exc}); "
+             "start it (ray start --head) or give the head's HOST:PORT")
+
+
+def _node_row(node: NodeAnswers, now: float) -> dict[str, Any]:
+    row: dict[str, Any] = {"node_id": node.node.node_id, "address": node.node.address}
+    if node.error:
+        return {**row, **_ruling(None, now, f"no answer: {node.error}")}
+    best = winner(node.answers)
+    report = _deadline_report(node.answers, best, now)
+    if best is None:  # why, source by source
+        reasons = [f"{_local_name(a.source)}: {a.reason}" for a in node.answers]
+        report["reason"] = "; ".join(reasons) or "no answer"
+    return {**row, **report}
+
+
+def _local_name(source: str) -> str:
+    """`env:MLP` of `node:1a2b3c4d/env:MLP`."""
+    return source.split("/", 1)[1] if "/" in source else source
+
+
+def _cluster_report(nodes: Sequence[NodeAnswers], best: Deadline | None, now: float) -> dict[str, Any]:
+    return {"nodes": [_node_row(n, now) for n in nodes], **_ruling(best, now, "no node knows its deadline")}
+
+
+def _print_cluster_table(nodes: Sequence[NodeAnswers], best: Deadline | None, now: float) -> None:
+    for node in nodes:
+        row = _node_row(node, now)
+        head = f"node {node.node.name()[len('node:'):]}  {node.node.address:<15}"
+        if row["deadline"] is None:
+            print(f"{head}  none: {row['reason']}")
+        else:
+            when = f"{row['deadline']} (in {row['remaining_s']:.0f}s)"
+            print(f"{head}  {when} from {_local_name(row['source'])}")
+    if best is None:
+        print("cluster deadline: unknown (no node knows one)")
+    else:
+        print(f"cluster deadline: {best.iso()} from {best.source}, {best.at - now:.0f}s from now")
 
 
 def _command_from_env(environ: Mapping[str, str]) -> list[str]:

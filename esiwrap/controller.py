@@ -116,6 +116,7 @@ class Step:
 class SaveBegin:
     pid: int
     step: int
+    peer: bool = False  # another node's esiwrap asked for this save (multi-node torchrun)
 
 
 @dataclass(frozen=True)
@@ -125,6 +126,7 @@ class SaveSnapshot:
     pid: int
     step: int
     duration_s: float = 0.0
+    peer: bool = False
 
 
 @dataclass(frozen=True)
@@ -135,6 +137,7 @@ class SaveEnd:
     duration_s: float = 0.0
     path: str = ""
     error: str = ""
+    peer: bool = False
 
 
 @dataclass(frozen=True)
@@ -416,7 +419,20 @@ class Controller:
         self._log("debug", ev.STEP_OBSERVED, step=event.step, duration_s=_round(interval))
         self._replan(now)
 
+    def _adopt_peer_request(self, event: SaveBegin | SaveSnapshot | SaveEnd, now: Now) -> None:
+        """A save another node's esiwrap asked for (the ranks agreed on it in their all-reduce) is
+        this node's save too: the job ends after it on every node, so it becomes this node's
+        request, and esiwrap stops after it."""
+        if not event.peer or self.request is not None or self.stop is not None:
+            return
+        self.request = SaveRequest(reason="peer", kind="peer", requested_at=now.wall, signalled={event.pid})
+        if self.mode is Mode.RUNNING:
+            self.mode = Mode.SAVE_REQUESTED
+        self._log("info", ev.SAVE_REQUESTED, reason="peer", kind="peer", pids=[],
+                  remaining_s=self._remaining(now))
+
     def _on_save_begin(self, event: SaveBegin, now: Now) -> None:
+        self._adopt_peer_request(event, now)
         request = self.request
         if request is None:
             self._log("info", ev.SAVE_STARTED, step=event.step, pid=event.pid, requested=False)
@@ -428,6 +444,7 @@ class Controller:
             self._log("info", ev.SAVE_STARTED, step=event.step, pid=event.pid, requested=True)
 
     def _on_save_snapshot(self, event: SaveSnapshot, now: Now) -> None:
+        self._adopt_peer_request(event, now)
         request = self.request
         if request is None or event.pid in request.snapshots:
             return  # the trainer's own asynchronous save: its end is what counts
@@ -440,6 +457,7 @@ class Controller:
         if not event.ok:
             self._log("error", ev.SAVE_FAILED, step=event.step, pid=event.pid, error=event.error)
             return  # the trainer keeps its flag and tries again at the next boundary
+        self._adopt_peer_request(event, now)
         request = self.request
         if request is None:
             self.obs.record_save(event.duration_s, now.wall)
@@ -471,6 +489,9 @@ class Controller:
         if self.mode is Mode.DRAINING:
             self._ack_until = None
             self._begin_stop(f"checkpoint complete after {request.reason}", EXIT_CHECKPOINTED, now)
+            return
+        if request.reason == "peer":  # the node that asked stops its ranks: the job ends here too
+            self._begin_stop("checkpoint complete after a peer node's request", EXIT_CHECKPOINTED, now)
             return
         if self.mode is Mode.SAVE_REQUESTED:
             self.mode = Mode.RUNNING
@@ -541,7 +562,11 @@ class Controller:
     def _on_deadline_answers(self, event: DeadlineAnswers, now: Now) -> None:
         self.deadline_pending = False
         for answer in event.answers:
-            if answer.deadline is not None:
+            if answer.withdrawn:  # a node that left the cluster: its deadline no longer counts
+                known = self._known.pop(answer.source, None)
+                if known is not None or self._unavailable.pop(answer.source, None) is not None:
+                    self._log("info", ev.DEADLINE_WITHDRAWN, source=answer.source, reason=answer.reason)
+            elif answer.deadline is not None:
                 self._known[answer.source] = answer.deadline
                 self._unavailable.pop(answer.source, None)
             elif self._unavailable.get(answer.source) != answer.reason:
@@ -562,7 +587,7 @@ class Controller:
                       remaining_s=_round(new.at - now.wall), raw=new.raw, lead_s=new.lead_s, **new.detail)
         else:
             self._log("warning", ev.DEADLINE_CHANGED, old=old.iso(), new=new.iso(), source=new.source,
-                      remaining_s=_round(new.at - now.wall), raw=new.raw)
+                      remaining_s=_round(new.at - now.wall), raw=new.raw, **new.detail)
         later = old is None or new.at > old.at
         if self.mode is Mode.CONTINUING and later:
             self.mode, self.saves_done = Mode.RUNNING, 0  # a renewal: plan against it afresh

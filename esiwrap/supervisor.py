@@ -27,7 +27,7 @@ from esiwrap import process, state, systemd
 from esiwrap.channel import SIGNAL_ENV, SOCKET_ENV, ChannelServer, Message
 from esiwrap.choices import AfterSave, OnSigterm
 from esiwrap.controller import Controller, ControllerConfig, Now
-from esiwrap.deadline import Source, ask
+from esiwrap.deadline import Source, ask, remote
 from esiwrap.errors import EXIT_FAILURE, CommandError, Halt
 from esiwrap.integrations import bootstrap_dir
 from esiwrap.log import get_logger
@@ -295,16 +295,20 @@ class Supervisor:
             return core.TrainerGone(message.pid)
         if message.type == "step":
             return core.Step(message.pid, step, _finite(message.get_float("duration_s")))
+        peer = message.get_bool("peer", False)  # another node's esiwrap asked for this save
         if message.type == "save_begin":
-            return core.SaveBegin(message.pid, step)
+            return core.SaveBegin(message.pid, step, peer=peer)
         if message.type == "save_snapshot":
-            return core.SaveSnapshot(message.pid, step, _finite(message.get_float("duration_s")))
+            return core.SaveSnapshot(message.pid, step, _finite(message.get_float("duration_s")), peer=peer)
         if message.type == "save_end":
             return core.SaveEnd(
                 message.pid, step, ok=message.get_bool("ok", True),
                 duration_s=_finite(message.get_float("duration_s")), path=message.get_str("path"),
-                error=message.get_str("error"),
+                error=message.get_str("error"), peer=peer,
             )
+        if message.type == "deadline":  # another node's answer, relayed by a Ray driver (ray_nodes)
+            answer = remote.from_fields(message.fields)
+            return core.DeadlineAnswers((answer,)) if answer is not None else None
         return None
 
     def _hello(self, message: Message) -> core.Hello:

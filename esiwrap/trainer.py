@@ -52,6 +52,8 @@ _Handler = Callable[[int, FrameType | None], Any] | int | signal.Handlers | None
 class _State:
     def __init__(self) -> None:
         self.requested = False  # set by the signal handler, nothing else happens there
+        self.agreed = False  # the ranks agreed on this save in an all-reduce: agree on its end too
+        self.peer = False  # ...and this process had not been asked itself: another node's request
         self.signum: int | None = None
         self.previous: _Handler = None
         self.client = ChannelClient(None)
@@ -136,9 +138,15 @@ def save_requested() -> bool:
 def save_requested_and(flag: bool) -> tuple[bool, bool]:
     """`save_requested()` and `any_rank(flag)` in one all-reduce, for callbacks that need both at
     every step (the Hugging Face callback's stop request)."""
-    save, other = _agree_across_ranks(_state.requested, flag)
+    asked_here = _state.requested
+    save, other = _agree_across_ranks(asked_here, flag)
     if save:
         _state.requested = True
+        if _process_group() is not None:
+            _state.agreed = True
+            # A rank another node's esiwrap signalled asked for it: this node's esiwrap did not,
+            # and learns it from the save messages (it stops after the save, like the other).
+            _state.peer = _state.peer or not asked_here
     return save, other
 
 
@@ -149,7 +157,7 @@ def request_save() -> None:
 
 def clear() -> None:
     """Forget the request; `saving()` does this when a save succeeds."""
-    _state.requested = False
+    _state.requested = _state.peer = False
 
 
 def step_done(step: int) -> None:
@@ -166,7 +174,9 @@ def saving(step: int, path: str | os.PathLike[str] | None = None) -> Iterator[No
 
     Leave the block only when the checkpoint is complete on disk: the end of the block is the
     acknowledgement that lets esiwrap stop the trainer. An exception is reported as a failed save
-    (and re-raised); the request then stays set so the next boundary tries again.
+    (and re-raised); the request then stays set so the next boundary tries again. With several
+    torch.distributed ranks, call it on every rank once `save_requested()` is true, ranks that
+    write nothing too: its end waits for every rank (see `save_finished`).
     """
     save_started(step)
     try:
@@ -181,7 +191,7 @@ def save_started(step: int) -> None:
     """Report that a checkpoint write begins (for callbacks, where a `with` block cannot span
     the hooks that start and end the write; `saving()` is this pair around a block)."""
     _state.save_started_at = time.monotonic()
-    _state.client.send("save_begin", step=int(step))
+    _state.client.send("save_begin", step=int(step), **_peer_field())
 
 
 def save_snapshotted(step: int) -> None:
@@ -190,20 +200,30 @@ def save_snapshotted(step: int) -> None:
     The request is served: it is cleared. Call `save_finished` once the write is durable."""
     started = _state.save_started_at if _state.save_started_at is not None else time.monotonic()
     clear()
-    _state.client.send("save_snapshot", step=int(step), duration_s=round(time.monotonic() - started, 6))
+    _state.client.send("save_snapshot", step=int(step), duration_s=round(time.monotonic() - started, 6),
+                       **_peer_field())
 
 
 def save_finished(step: int, path: str | os.PathLike[str] | None = None, *,
                   error: str | None = None) -> None:
     """Report the end of the write begun by `save_started`: the acknowledgement when `error` is
     None (the request is cleared), a failed save otherwise (the request stays set, or is set again
-    after an asynchronous snapshot, so the next boundary tries again). Thread-safe: an
-    asynchronous write may finish in a callback thread."""
+    after an asynchronous snapshot, so the next boundary tries again).
+
+    For a save the torch.distributed ranks agreed on, every rank calls it and it waits for all of
+    them (one all-reduce of "failed here"): no rank, on any node, acknowledges before every
+    rank's part is written, and all report a failure anywhere as theirs. That all-reduce is a
+    collective: with several ranks, call it from the training thread (for an asynchronous write,
+    at a step boundary once the write is done), never from a callback thread."""
     started = _state.save_started_at if _state.save_started_at is not None else time.monotonic()
     _state.save_started_at = None
+    peer = _peer_field()
+    if _state.agreed:
+        _state.agreed = False
+        error = _agree_on_the_outcome(error)
     fields: dict[str, Any] = {
         "step": int(step), "ok": error is None, "path": os.fspath(path) if path is not None else None,
-        "duration_s": round(time.monotonic() - started, 6),
+        "duration_s": round(time.monotonic() - started, 6), **peer,
     }
     if error is not None:
         fields["error"] = error[:500]
@@ -221,7 +241,9 @@ class AsyncSave:
         self.path = path
 
     def finished(self, error: BaseException | str | None = None) -> None:
-        """The write is on disk (or failed with `error`): e.g. from `future.add_done_callback`."""
+        """The write is on disk (or failed with `error`): e.g. from `future.add_done_callback` with
+        one process; with several torch.distributed ranks, from the training thread (it may run
+        a collective, see `save_finished`)."""
         save_finished(self.step, self.path, error=None if error is None else repr(error))
 
 
@@ -240,6 +262,22 @@ def saving_async(step: int, path: str | os.PathLike[str] | None = None) -> Itera
     save_snapshotted(step)
 
 
+def _agree_on_the_outcome(error: str | None) -> str | None:
+    """This rank's error, or another rank's failure, or None when every rank saved its part."""
+    try:
+        failed_anywhere = _agree_across_ranks(error is not None)[0]
+    except Exception as exc:  # the collective itself broke (a peer gone): not a complete save
+        return error or f"the ranks could not agree that the save completed: {exc!r}"
+    if error is None and failed_anywhere:
+        return "the save failed on another rank"
+    return error
+
+
+def _peer_field() -> dict[str, bool]:
+    """`peer: true` in the save messages of a save another node's esiwrap asked for."""
+    return {"peer": True} if _state.peer else {}
+
+
 def any_rank(flag: bool) -> bool:
     """True on every rank when `flag` is true on any rank (an all-reduce MAX with more than one
     torch.distributed rank; the flag itself otherwise). Call it in step on every rank."""
@@ -256,20 +294,31 @@ def _rank_and_world() -> tuple[int, int]:
     return env_int("RANK", 0), env_int("WORLD_SIZE", 1)
 
 
+def _process_group() -> Any:
+    """`torch.distributed` when it runs with more than one rank, else None. Never imports torch
+    itself: the trainer already has."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    dist = torch.distributed
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() <= 1:
+        return None
+    return dist
+
+
 def _agree_across_ranks(*flags: bool) -> tuple[bool, ...]:
     """All-reduce MAX of the flags (one collective) when torch.distributed runs with more than
     one rank; the flags themselves otherwise."""
     import sys
 
-    torch = sys.modules.get("torch")  # never import torch ourselves: the trainer already has
-    if torch is None:
+    dist = _process_group()
+    if dist is None:
         return flags
-    dist = torch.distributed
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() <= 1:
-        return flags
-    backend = dist.get_backend()
+    torch = sys.modules["torch"]
     device = "cpu"
-    if backend == "nccl":
+    if dist.get_backend() == "nccl":
         device = f"cuda:{torch.cuda.current_device()}"
     tensor = torch.tensor([int(f) for f in flags], dtype=torch.int32, device=device)
     dist.all_reduce(tensor, op=dist.ReduceOp.MAX)

@@ -6,6 +6,12 @@ Runs on CPU with the gloo backend. Every rank calls `install()`, so esiwrap sign
 `save_requested()` all-reduces the flag, so all ranks agree on the step. `--save-ranks all`: each
 rank writes its own shard and esiwrap acknowledges once all have; `--save-ranks rank0`: rank 0
 writes the (replicated) model alone and the others declare `saves=False`.
+
+Every rank enters `esi.saving()`, writers or not: its end waits for all ranks, so no rank (on any
+node) acknowledges before the checkpoint is complete. Several nodes, one esiwrap per node:
+
+    esiwrap -- torchrun --nnodes 2 --nproc-per-node 1 --rdzv-backend c10d \
+        --rdzv-endpoint HEAD:29400 --rdzv-id job1 examples/ddp_trainer.py --save-ranks rank0
 """
 
 from __future__ import annotations
@@ -40,6 +46,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=1_000_000)
     parser.add_argument("--step-seconds", type=float, default=0.3)
     parser.add_argument("--save-ranks", choices=("all", "rank0"), default="all")
+    parser.add_argument("--save-seconds", type=float, default=0.0,
+                        help="a slow write: writers wait this long before writing (a large model)")
     return parser.parse_args(argv)
 
 
@@ -66,6 +74,7 @@ def main(argv: list[str]) -> int:
         if esi.save_requested():  # esiwrap: the same answer on every rank
             with esi.saving(step, path):  # esiwrap
                 if writes:
+                    time.sleep(options.save_seconds)
                     save_atomically({"model": model.module.state_dict(), "step": step}, path)
             print(f"ddp_trainer rank {rank}: saved step {step}", flush=True)
     dist.destroy_process_group()

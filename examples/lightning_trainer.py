@@ -55,6 +55,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--max-steps", type=int, default=100_000)
     parser.add_argument("--step-seconds", type=float, default=0.5)
     parser.add_argument("--devices", type=int, default=1, help="ranks: under torchrun, its --nproc_per_node")
+    parser.add_argument("--num-nodes", type=int, default=1, help="nodes: under torchrun, its --nnodes")
     return parser.parse_args(argv)
 
 
@@ -64,7 +65,8 @@ def main(argv: list[str]) -> int:
     pl.seed_everything(0, verbose=False)
     esiwrap_callback = EsiwrapCallback(dirpath=options.ckpt_dir)  # esiwrap
     trainer = pl.Trainer(
-        accelerator="cpu", devices=options.devices, max_steps=options.max_steps, logger=False,
+        accelerator="cpu", devices=options.devices, num_nodes=options.num_nodes,
+        max_steps=options.max_steps, logger=False,
         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
         callbacks=[esiwrap_callback],  # esiwrap
     )

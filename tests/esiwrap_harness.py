@@ -7,6 +7,7 @@ import json
 import os
 import selectors
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -185,6 +186,13 @@ def processes_with_marker(marker: str, program: str | None = None) -> list[psuti
             if any(marker in part for part in cmdline):
                 found.append(proc)
     return found
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 a moment ago (for a server the test starts next)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float, interval: float = 0.05) -> bool:

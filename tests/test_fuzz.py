@@ -20,6 +20,7 @@ from esiwrap.cli import RUN_OPTIONS, SOURCE_OPTIONS, build_run_parser, resolve_o
 from esiwrap.deadline import TimeParseError, iso_utc, parse_duration, parse_epoch, parse_iso, parse_when
 from esiwrap.deadline.bounds import implausible
 from esiwrap.deadline.parse import MAX_DURATION_S
+from esiwrap.errors import UsageError
 from esiwrap.report import event_of, read_events, render_text, report, to_json
 
 # FUZZ_EXAMPLES=4000 for a deeper run by hand; the default keeps each test to a few seconds.
@@ -244,3 +245,5 @@ def test_options_of_any_argv_parse_or_exit_with_one_line(argv: list[str]) -> Non
             assert exit_.code in (0, 2), err.getvalue()
             if exit_.code == 2:
                 assert err.getvalue().startswith("esiwrap: ") and err.getvalue().count("\n") == 1
+        except UsageError as exc:  # main() prints it as one line and exits 2
+            assert str(exc) and "\n" not in str(exc)

@@ -278,3 +278,34 @@ def test_verl_failed_save_is_reported_and_the_request_stays(tmp_path: Path) -> N
         loop.saved(trainer_at(3, tmp_path), broken, (), {})
     assert transport.types() == ["save_begin", "save_end"] and transport.sent[-1][1]["ok"] is False
     assert loop.save_requested()
+
+
+def test_verl_direct_async_save_satisfies_the_signal_before_its_acknowledgement(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without the relay (esiwrap signals the TaskRunner itself) an async save that is not
+    finalized at once satisfies the signal that asked for it: the next boundary does not save
+    again while the save is still in flight, and its acknowledgement comes once the tracker
+    names its step."""
+    import signal as signals
+
+    from esiwrap.integrations import ray_relay
+    from esiwrap.integrations.verl import _DirectChannel, _Loop
+
+    monkeypatch.delenv("ESIWRAP_SOCKET", raising=False)
+    previous = signals.getsignal(signals.SIGUSR1)
+    try:
+        assert ray_relay.install_signal_flag()
+        loop = _Loop()
+        loop.transport = _DirectChannel()
+        os.kill(os.getpid(), signals.SIGUSR1)  # esiwrap's save signal, counted by the handler
+        assert loop.save_requested()
+        loop.saved(trainer_at(4, tmp_path, lambda blocking: None), lambda trainer: None, (), {})
+        assert loop.pending  # finalize wrote nothing yet: no acknowledgement
+        loop.boundary(5)
+        assert not loop.save_requested()  # the save in flight is the answer to that signal
+        (tmp_path / "latest_checkpointed_iteration.txt").write_text("4")
+        loop.boundary(6)
+        assert not loop.pending and not loop.save_requested()
+    finally:
+        signals.signal(signals.SIGUSR1, previous)

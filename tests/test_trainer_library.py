@@ -175,3 +175,47 @@ def test_save_requested_and_answers_both_questions(server: ChannelServer) -> Non
     os.kill(os.getpid(), signal.SIGUSR1)
     assert esi.save_requested_and(False) == (True, False)
     assert esi.save_requested() and esi.any_rank(True) and not esi.any_rank(False)
+
+
+TWO_RANKS = """
+import os, sys
+import torch
+import torch.distributed as dist
+import esiwrap.trainer as esi
+
+rank = int(sys.argv[1])
+dist.init_process_group("gloo", init_method="tcp://127.0.0.1:" + sys.argv[2], rank=rank, world_size=2)
+esi.install(saves=rank == 0)
+if rank == 1:
+    esi.request_save()  # this rank's node asked; rank 0's did not
+assert esi.save_requested()  # the same answer on both ranks
+try:
+    with esi.saving(5, "/ckpt/5"):
+        if rank == 0:
+            raise OSError("disk full")
+except OSError:
+    pass
+dist.destroy_process_group()
+"""
+
+
+def test_ranks_agree_on_a_saves_end_and_mark_a_peer_nodes_request(server: ChannelServer) -> None:
+    """Two gloo ranks: rank 1 was asked, rank 0 was not (its node's esiwrap did not ask): rank 0's
+    messages say `peer: true`. Rank 0's write fails: the end of `saving()` waits for both and both
+    report the save failed, so no node acknowledges a checkpoint that is not complete."""
+    import subprocess
+    import sys
+
+    from esiwrap_harness import free_port
+
+    port = str(free_port())
+    env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo"}
+    ranks = [subprocess.Popen([sys.executable, "-c", TWO_RANKS, str(rank), port], env=env) for rank in (0, 1)]
+    assert [rank.wait(timeout=120) for rank in ranks] == [0, 0]
+    by_pid = {rank.pid: r for r, rank in enumerate(ranks)}
+    sent = [(by_pid[m.pid], m.type, m.fields) for m in messages(server) if m.type != "hello"]
+    begins = {r: f for r, kind, f in sent if kind == "save_begin"}
+    ends = {r: f for r, kind, f in sent if kind == "save_end"}
+    assert begins[0].get("peer") is True and "peer" not in begins[1]
+    assert ends[0]["ok"] is False and ends[0]["error"].startswith("OSError('disk full')")
+    assert ends[1]["ok"] is False and ends[1]["error"] == "the save failed on another rank"

@@ -8,14 +8,11 @@ on a loaded machine) only delays the save: the request waits in Ray's KV for the
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
-import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,7 +23,8 @@ import pytest
 
 # Never skipped: scripts/test.sh installs the verl extra, and a broken install must fail loudly.
 import verl  # noqa: F401
-from esiwrap_harness import PYTHON, ROOT, EsiwrapRun, processes_with_marker, wait_until
+from esiwrap_harness import PYTHON, ROOT, EsiwrapRun, free_port, processes_with_marker, wait_until
+from ray_cluster import RayNode, cluster_up, node_environment, ray_env
 
 from esiwrap.errors import EXIT_CHECKPOINTED
 from esiwrap.integrations import bootstrap_dir
@@ -85,17 +83,6 @@ def short_tmp() -> Iterator[Path]:
     path = Path(tempfile.mkdtemp(prefix="esv-", dir="/tmp"))
     yield path
     shutil.rmtree(path, ignore_errors=True)
-
-
-def ray_env(tmp: Path, **extra: str) -> dict[str, str]:
-    """Ray writes to /tmp/ray and ~/.ray: both go to the test's directory."""
-    home = tmp / "home"
-    home.mkdir(exist_ok=True)
-    (tmp / "ray").mkdir(exist_ok=True)
-    return {
-        "HOME": str(home), "RAY_TMPDIR": str(tmp / "ray"), "RAY_AUTH_MODE": "disabled",
-        "RAY_USAGE_STATS_ENABLED": "0", "PYTHONPATH": "", **extra,
-    }
 
 
 def verl_run(esiwrap: Any, tmp: Path, loop: str, env: dict[str, str], *driver_args: str,
@@ -227,45 +214,15 @@ def test_without_the_ray_hook_the_taskrunner_attaches_directly(esiwrap: Any, sho
 def ray_cluster(short_tmp: Path) -> Iterator[str]:
     """A Ray cluster started separately (`ray start --head` on 127.0.0.1): the multi-node set-up,
     where workers inherit the raylet's environment, not the driver's."""
-    env = {**os.environ, **ray_env(short_tmp)}
-    env.pop("ESIWRAP_SOCKET", None)
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    ray_bin = str(Path(sys.executable).parent / "ray")
-    head = subprocess.Popen(
-        [ray_bin, "start", "--head", "--block", "--node-ip-address=127.0.0.1", f"--port={port}",
-         "--num-cpus=2", "--include-dashboard=false", "--disable-usage-stats",
-         f"--temp-dir={short_tmp / 'ray'}"],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-    )
-    address = f"127.0.0.1:{port}"
+    env = node_environment(short_tmp)
+    address = f"127.0.0.1:{free_port()}"
+    head = RayNode.head(short_tmp, env, int(address.rsplit(":", 1)[1]))
     try:
-        ready = wait_until(lambda: _cluster_up(ray_bin, address, env) or head.poll() is not None, 120, 1.0)
-        assert ready and head.poll() is None, "ray start --head did not come up"
+        ready = wait_until(lambda: cluster_up(address, env) or head.proc.poll() is not None, 120, 1.0)
+        assert ready and head.proc.poll() is None, "ray start --head did not come up"
         yield address
     finally:
-        tree = [head, *_descendants(head.pid)]
-        with contextlib.suppress(ProcessLookupError):
-            head.send_signal(signal.SIGTERM)  # `ray start --block` stops its own processes
-        _, alive = psutil.wait_procs([p for p in tree if isinstance(p, psutil.Process)], timeout=20)
-        for proc in alive:
-            with contextlib.suppress(psutil.Error):
-                proc.kill()
-        head.wait(timeout=20)
-
-
-def _cluster_up(ray_bin: str, address: str, env: dict[str, str]) -> bool:
-    probe = subprocess.run([ray_bin, "status", f"--address={address}"], env=env,
-                           capture_output=True, timeout=60, check=False)
-    return probe.returncode == 0
-
-
-def _descendants(pid: int) -> list[psutil.Process]:
-    try:
-        return list(psutil.Process(pid).children(recursive=True))
-    except psutil.Error:
-        return []
+        head.stop()
 
 
 def test_legacy_loop_on_a_separately_started_cluster(esiwrap: Any, short_tmp: Path, ray_cluster: str) -> None:

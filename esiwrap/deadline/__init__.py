@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from esiwrap.deadline import remote
 from esiwrap.deadline.chain import Answer, ask, ask_all, winner
 from esiwrap.deadline.local import MLP_VAR, SAGEMAKER_VAR, CliSource, EnvSource, env_sources
 from esiwrap.deadline.parse import TimeParseError, parse_duration, parse_epoch, parse_iso, parse_when
@@ -24,5 +25,6 @@ __all__ = [
     "parse_epoch",
     "parse_iso",
     "parse_when",
+    "remote",
     "winner",
 ]

@@ -24,6 +24,7 @@ class Answer:
     deadline: Deadline | None = None
     reason: str = ""
     expected: bool = False  # the source does not apply here; not worth a warning
+    withdrawn: bool = False  # forget what this source said (a node that left the cluster)
 
 
 def ask(source: Source, now: float) -> Answer:

@@ -16,7 +16,7 @@ TYPE_CHECKING = False  # loaded at interpreter start-up: the typing machinery on
 if TYPE_CHECKING:
     from types import ModuleType
 
-__all__ = ["HOOK_SWITCH_ENV", "RELAY_ENV", "activate", "bootstrap_dir", "install_verl_hooks"]
+__all__ = ["HOOK_SWITCH_ENV", "RELAY_ENV", "activate", "bootstrap_dir", "install_verl_hooks", "package_dir"]
 
 RELAY_ENV = "ESIWRAP_RELAY"  # set by the driver's Ray runtime-env hook: "this Ray job is esiwrap's"
 HOOK_SWITCH_ENV = "ESIWRAP_HOOK"  # "0" turns the zero-code hooks off
@@ -25,9 +25,14 @@ CHAINED_RAY_ENV_HOOK = "ESIWRAP_CHAINED_RAY_RUNTIME_ENV_HOOK"
 OUR_RAY_ENV_HOOK = "esiwrap.integrations.ray_relay.runtime_env_hook"
 
 
+def package_dir() -> str:
+    """The esiwrap package directory, for a Ray job's `py_modules` (nodes need not have it)."""
+    return os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
+
+
 def bootstrap_dir() -> str:
     """The directory holding only our `sitecustomize.py`, for the front of `PYTHONPATH`."""
-    return os.path.join(os.path.dirname(os.path.dirname(os.path.realpath(__file__))), "_bootstrap")
+    return os.path.join(package_dir(), "_bootstrap")
 
 
 def activate() -> None:

@@ -14,6 +14,8 @@ So the driver is the one process esiwrap signals and hears from:
   the driver as the process that saves (`saves: true`), carrying the loop's details.
 * `worker_setup` runs in every worker of the job: a save-signal handler (a stray signal must
   never kill a Ray worker) and the verl post-import hooks.
+* Once connected, the driver also watches every other node's deadline (`ray_nodes`) and sends
+  their answers to esiwrap as `deadline` messages.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import signal
 import sys
 import threading
 
-from esiwrap.integrations import CHAINED_RAY_ENV_HOOK, RELAY_ENV
+from esiwrap.integrations import CHAINED_RAY_ENV_HOOK, RELAY_ENV, package_dir
 from esiwrap.signals import SIGNAL_ENV, save_signal
 
 TYPE_CHECKING = False  # workers import this at start-up: the typing module only for mypy
@@ -109,7 +111,7 @@ def runtime_env_hook(runtime_env: dict[str, Any] | None) -> dict[str, Any]:
     else:
         env["worker_process_setup_hook"] = SETUP_HOOK
     env["env_vars"] = env_vars
-    package = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
+    package = package_dir()
     modules = list(env.get("py_modules") or [])
     if package not in modules:
         modules.append(package)
@@ -184,6 +186,7 @@ class _Driver:
                 kv = KvRelay.connect(self.relay_id)
                 if kv is None:
                     continue  # ray.init has not finished yet
+                self._watch_the_other_nodes()
             try:
                 requested = max(signal_flag.count, early)  # both see every signal, one sooner
                 if requested > self.requests_sent:
@@ -197,6 +200,15 @@ class _Driver:
                 if repr(exc) != last_error:  # once per kind of trouble, not five times a second
                     last_error = repr(exc)
                     print(f"esiwrap: relay: {last_error}", file=sys.stderr)
+
+    def _watch_the_other_nodes(self) -> None:
+        """Their deadlines reach esiwrap as `deadline` messages (`ray_nodes`), on a client of
+        their own: the relay thread sends on this one."""
+        from esiwrap.channel import ChannelClient
+        from esiwrap.integrations.ray_nodes import ClusterWatch
+
+        client = ChannelClient.from_env()
+        ClusterWatch(lambda fields: client.send("deadline", **fields)).start()
 
     def _forward(self, message: dict[str, Any]) -> None:
         kind = str(message.pop("type", ""))
@@ -272,11 +284,14 @@ class KvRelay:
         self._kv._internal_kv_put(self._prefix + "request", str(count), overwrite=True, namespace=NAMESPACE)
 
     def request_count(self) -> int:
+        """esiwrap's requests relayed by the driver, plus save signals sent to this process by
+        hand (`kill -USR1` on the TaskRunner, as on a plain trainer): both counters only grow."""
         raw = self._kv._internal_kv_get(self._prefix + "request", namespace=NAMESPACE)
         try:
-            return int(raw) if raw else 0
+            relayed = int(raw) if raw else 0
         except ValueError:
-            return 0
+            relayed = 0
+        return relayed + signal_flag.count
 
     # up: the loop's events
     def send(self, message_type: str, **fields: Any) -> bool:

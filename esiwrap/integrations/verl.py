@@ -14,7 +14,11 @@ touches verl only when a trainer module is imported, and only these names:
 * `_save_checkpoint` of both is wrapped to report `save_begin`/`save_end` (step, path, duration).
   `save_end` is sent only once `latest_checkpointed_iteration.txt` names the step; with
   `async_save` the save is finalized first when esiwrap asked for it, else reported when the
-  tracker shows it at a later boundary.
+  tracker shows it at a later boundary. A save verl returned from answers the requests made
+  before it began, acknowledged or not yet: the next boundary does not save again.
+
+Requests reach the loop through one interface (`Transport`): the relay's counter in Ray's KV,
+or, without the relay, the save signals this process receives itself.
 
 verl's own `MLP_…`/`SAGEMAKER_…` expiry check is not called while the hook is active: esiwrap
 decides, so there is one save, once.
@@ -52,18 +56,38 @@ def patch_module(module: ModuleType) -> None:
 
 
 # ---------------------------------------------------------------------- the loop's state
+if TYPE_CHECKING:
+    from typing import Protocol
+
+    class Transport(Protocol):
+        """How the loop talks to esiwrap, relayed or not: events up, save requests down."""
+
+        def send(self, message_type: str, **fields: Any) -> bool:
+            """Like `ChannelClient.send`: never blocks long, never raises."""
+
+        def request_count(self) -> int:
+            """Save requests made so far: a counter that only grows (relay: Ray's KV; direct:
+            the save signals this process received)."""
+
+
+class _PendingSave:
+    """A save verl returned from whose tracker file does not name its step yet (async_save)."""
+
+    def __init__(self, trainer: Any, step: int, path: str, started: float) -> None:
+        self.trainer, self.step, self.path, self.started = trainer, step, path, started
+
+
 class _Loop:
     """What this process knows about the verl loop running in it (one per process)."""
 
     def __init__(self) -> None:
-        self.transport: Any = None
+        self.transport: Transport | None = None
         self.kind = ""
-        self.requests_handled = 0  # relayed requests satisfied by a completed save
-        self.signals_handled = 0  # save signals received by this process itself
+        self.requests_handled = 0  # requests answered by a save that verl returned from
         self.last_boundary: float | None = None
         self.last_saved_step: int | None = None
         self.depth = 0  # nested _save_checkpoint calls (a subclass calling super)
-        self.pending: list[tuple[Any, int, str, float, int]] = []  # async saves not yet final
+        self.pending: list[_PendingSave] = []  # async saves not yet final: acknowledged later
 
     # -- attaching
     def attach(self, kind: str, trainer: object) -> bool:
@@ -71,7 +95,7 @@ class _Loop:
             return True
         from esiwrap.integrations import ray_relay
 
-        transport: Any = ray_relay.KvRelay.from_env()
+        transport: Transport | None = ray_relay.KvRelay.from_env()
         relayed = transport is not None
         if not relayed and os.environ.get("ESIWRAP_SOCKET"):
             # No driver relay (Ray skipped our runtime-env hook): talk to esiwrap directly and
@@ -79,8 +103,7 @@ class _Loop:
             transport = _DirectChannel()
         if transport is None:
             return False
-        handled = ray_relay.install_signal_flag()
-        if not relayed and not handled:
+        if not ray_relay.install_signal_flag() and not relayed:
             return False  # signalled directly but cannot count the signal: leave verl as it is
         self.transport = transport
         self.kind = kind
@@ -95,22 +118,16 @@ class _Loop:
     # -- requests
     def _request_count(self) -> int:
         try:
-            return int(self.transport.request_count())
+            return int(self.transport.request_count()) if self.transport is not None else 0
         except Exception:
-            return self.requests_handled
-
-    def _signal_count(self) -> int:
-        from esiwrap.integrations.ray_relay import signal_flag
-
-        return signal_flag.count
+            return self.requests_handled  # the KV unreadable for a moment: no new request
 
     def save_requested(self) -> bool:
-        if self.transport is None:
-            return False
-        return self._request_count() > self.requests_handled or self._signal_count() > self.signals_handled
+        return self.transport is not None and self._request_count() > self.requests_handled
 
     # -- events
     def boundary(self, step: int) -> None:
+        assert self.transport is not None
         now = time.monotonic()
         if self.last_boundary is not None:
             self.transport.send("step", step=int(step), duration_s=round(now - self.last_boundary, 6))
@@ -119,47 +136,45 @@ class _Loop:
 
     def saved(self, trainer: Any, original: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Run verl's `_save_checkpoint` and report it; the outermost call only."""
-        if self.depth or self.transport is None:
+        transport = self.transport
+        if self.depth or transport is None:
             return original(trainer, *args, **kwargs)
         step = _checkpoint_step(trainer)
         root = str(trainer.config.trainer.default_local_dir)
         path = os.path.join(root, f"global_step_{step}")
-        requests, signals = self._request_count(), self._signal_count()
-        requested = requests > self.requests_handled or signals > self.signals_handled
-        self.transport.send("save_begin", step=step)
+        requests = self._request_count()
+        transport.send("save_begin", step=step)
         started = time.monotonic()
         self.depth += 1
         try:
             result = original(trainer, *args, **kwargs)
         except BaseException as exc:
-            self.transport.send("save_end", step=step, ok=False, path=path, error=repr(exc)[:500],
-                                duration_s=round(time.monotonic() - started, 6))
-            raise
+            transport.send("save_end", step=step, ok=False, path=path, error=repr(exc)[:500],
+                           duration_s=round(time.monotonic() - started, 6))
+            raise  # the request stays: the next boundary tries again
         finally:
             self.depth -= 1
         self.last_saved_step = step
-        if not _tracker_holds(root, step) and requested:
+        requested = requests > self.requests_handled
+        # The save verl returned from answers every request made before it began, finalized or
+        # not: saving again at the next boundary would only repeat it.
+        self.requests_handled = max(self.requests_handled, requests)
+        if requested and not _tracker_holds(root, step):
             _finalize_async_save(trainer)
-        if _tracker_holds(root, step):
-            self._acknowledge(step, path, started, requests, signals)
-        else:
-            self.pending.append((trainer, step, path, started, requests))
+        self.pending.append(_PendingSave(trainer, step, path, started))
+        self._finish_pending()
         return result
 
-    def _acknowledge(self, step: int, path: str, started: float, requests: int, signals: int) -> None:
-        self.requests_handled = max(self.requests_handled, requests)
-        self.signals_handled = max(self.signals_handled, signals)
-        self.transport.send("save_end", step=step, ok=True, path=path,
-                            duration_s=round(time.monotonic() - started, 6))
-
     def _finish_pending(self) -> None:
+        """Acknowledge the saves whose tracker file now names their step (complete on disk)."""
+        assert self.transport is not None
         still = []
-        for trainer, step, path, started, requests in self.pending:
-            root = str(trainer.config.trainer.default_local_dir)
-            if _tracker_holds(root, step):
-                self._acknowledge(step, path, started, requests, self.signals_handled)
+        for save in self.pending:
+            if _tracker_holds(str(save.trainer.config.trainer.default_local_dir), save.step):
+                self.transport.send("save_end", step=save.step, ok=True, path=save.path,
+                                    duration_s=round(time.monotonic() - save.started, 6))
             else:
-                still.append((trainer, step, path, started, requests))
+                still.append(save)
         self.pending = still
 
 
@@ -167,7 +182,7 @@ loop = _Loop()
 
 
 class _DirectChannel:
-    """esiwrap's socket without the relay: requests arrive as signals, never through the KV."""
+    """esiwrap's socket without the relay: requests are the save signals this process receives."""
 
     def __init__(self) -> None:
         from esiwrap.channel import ChannelClient
@@ -178,7 +193,9 @@ class _DirectChannel:
         return self._client.send(message_type, **fields)
 
     def request_count(self) -> int:
-        return 0
+        from esiwrap.integrations.ray_relay import signal_flag
+
+        return signal_flag.count
 
 
 def _checkpoint_step(trainer: Any) -> int:

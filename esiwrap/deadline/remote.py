@@ -1,0 +1,64 @@
+"""Answers from other machines: a Ray cluster's nodes, each asking its own sources.
+
+An answer travels as plain fields (a Ray call's result, then a channel datagram from the driver
+to esiwrap), so it is checked again where it arrives: the source must name a node (`node:` —
+no remote answer may pose as `--deadline`, which overrides the others), the time must be a
+plausible epoch, the detail plain strings. What does not pass is dropped.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from esiwrap.deadline.chain import Answer
+from esiwrap.deadline.value import Deadline
+
+NODE_PREFIX = "node:"
+SHORT_ID_CHARS = 8  # of Ray's 56 hex digits: enough to tell a cluster's nodes apart in a log
+EPOCH_RANGE = (1e9, 1e11)  # 2001 .. 5138: anything else is not a deadline
+
+
+def node_source(node_id: str, source: str = "") -> str:
+    """`node:<short id>/<source>`, or `node:<short id>` for the node as a whole."""
+    name = f"{NODE_PREFIX}{node_id[:SHORT_ID_CHARS]}"
+    return f"{name}/{source}" if source else name
+
+
+def to_fields(answer: Answer) -> dict[str, Any]:
+    fields: dict[str, Any] = {"source": answer.source, "reason": answer.reason,
+                              "expected": answer.expected, "withdrawn": answer.withdrawn}
+    d = answer.deadline
+    if d is not None:
+        fields.update(at=d.at, raw=d.raw, lead_s=d.lead_s, detail=dict(d.detail))
+    return fields
+
+
+def from_fields(fields: Mapping[str, Any]) -> Answer | None:
+    """The answer the fields describe, or None when they are not a valid node's answer."""
+    source = fields.get("source")
+    if not isinstance(source, str) or not source.startswith(NODE_PREFIX) or len(source) > 200:
+        return None
+    reason = _text(fields.get("reason"))
+    if fields.get("withdrawn") is True:
+        return Answer(source, reason=reason, withdrawn=True)
+    at = fields.get("at")
+    if at is None:
+        return Answer(source, reason=reason or "no answer", expected=fields.get("expected") is True)
+    if isinstance(at, bool) or not isinstance(at, (int, float)) or not math.isfinite(at):
+        return None
+    if not EPOCH_RANGE[0] < at < EPOCH_RANGE[1]:
+        return None
+    lead = fields.get("lead_s", 0.0)
+    detail = fields.get("detail")
+    deadline = Deadline(
+        at=float(at), source=source, raw=_text(fields.get("raw")),
+        lead_s=float(lead) if isinstance(lead, (int, float)) and math.isfinite(lead) else 0.0,
+        detail={str(k): str(v)[:500] for k, v in detail.items()} if isinstance(detail, dict) else {},
+    )
+    return Answer(source, deadline=deadline)
+
+
+def _text(value: Any) -> str:
+    return value[:500] if isinstance(value, str) else ""
