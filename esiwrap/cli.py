@@ -11,7 +11,6 @@ import argparse
 import json
 import os
 import shlex
-import shutil
 import signal
 import sys
 import time
@@ -233,8 +232,31 @@ def fail(message: str, code: int = EXIT_USAGE) -> NoReturn:
     raise SystemExit(code)
 
 
+class _Formatter(argparse.HelpFormatter):
+    """argparse's help layout, sized without importing shutil: argparse builds a formatter for
+    every option it adds, and shutil brings the compression modules along (start-up time)."""
+
+    def __init__(self, prog: str) -> None:
+        super().__init__(prog, width=_terminal_columns() - 2)
+
+
+def _terminal_columns() -> int:
+    try:
+        return max(40, int(os.environ.get("COLUMNS", "")))
+    except ValueError:
+        pass
+    try:
+        return max(40, os.get_terminal_size(sys.stdout.fileno()).columns)
+    except (OSError, ValueError, AttributeError):
+        return 80
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse, but errors are one line and exit 2."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _Formatter)
+        super().__init__(**kwargs)
 
     def error(self, message: str) -> NoReturn:
         fail(f"{message}; see esiwrap --help")
@@ -556,6 +578,8 @@ def _this_esiwrap(environ: Mapping[str, str]) -> str:
     beside = os.path.join(os.path.dirname(sys.executable), "esiwrap")
     if os.access(beside, os.X_OK):
         return os.path.abspath(beside)
+    import shutil
+
     found = shutil.which("esiwrap", path=environ.get("PATH", os.defpath))
     if found is None:
         fail("cannot find the esiwrap executable; pass --esiwrap-path /opt/esiwrap/venv/bin/esiwrap")

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from structlog.testing import capture_logs
-
 from esiwrap.channel import Message
 from esiwrap.deadline import Deadline
+from esiwrap.log import capture_logs
 from esiwrap.policy import PolicyConfig
 from esiwrap.report import epoch
 from esiwrap.supervisor import SaveRequest, Supervisor, SupervisorConfig

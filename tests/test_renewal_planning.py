@@ -8,9 +8,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from structlog.testing import capture_logs
 
 from esiwrap.deadline import Deadline
+from esiwrap.log import capture_logs
 from esiwrap.policy import PolicyConfig, plan_save
 from esiwrap.supervisor import SaveRequest, Supervisor, SupervisorConfig
 
