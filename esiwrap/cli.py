@@ -31,6 +31,7 @@ from esiwrap.deadline.registry import (
 from esiwrap.errors import (
     EXIT_FAILURE,
     EXIT_NO_DEADLINE,
+    EXIT_NOT_RUNNING,
     EXIT_OK,
     EXIT_USAGE,
     EsiwrapError,
@@ -39,7 +40,7 @@ from esiwrap.errors import (
 from esiwrap.policy import PolicyConfig
 from esiwrap.signals import signal_number
 
-SUBCOMMANDS = ("deadline", "report", "systemd-unit")
+SUBCOMMANDS = ("deadline", "report", "status", "systemd-unit")
 COMMAND_ENV = "ESIWRAP_COMMAND"  # the command when none follows `--` (systemd environment files)
 SAVE_SIGNALS = ("SIGUSR1", "SIGUSR2")
 STOP_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGKILL")
@@ -224,6 +225,50 @@ LOG_OPTIONS = (
            "least severe level written", ("debug", "info", "warning", "error")),
 )
 
+def _port(text: str) -> int:
+    value = int(text.strip())
+    if not 0 <= value <= 65535:
+        msg = "must be 0..65535 (0: any free port)"
+        raise ValueError(msg)
+    return value
+
+
+def _address(text: str) -> str:
+    from esiwrap.endpoint import parse_address
+
+    return parse_address(text)
+
+
+def _file_in_existing_dir(text: str) -> str:
+    path = os.path.abspath(os.path.expanduser(text.strip()))
+    directory = os.path.dirname(path)
+    if not os.path.isdir(directory):
+        msg = f"directory {directory} does not exist; create it or choose another path"
+        raise ValueError(msg)
+    if os.path.isdir(path):
+        msg = "is a directory; give a file path"
+        raise ValueError(msg)
+    return path
+
+
+def _status_file(text: str) -> str:
+    if text.strip().lower() in ("auto", "none"):
+        return text.strip().lower()
+    return _file_in_existing_dir(text)
+
+
+OBSERVE_OPTIONS = (
+    Option("--metrics-file", _file_in_existing_dir, None, "/var/lib/node_exporter/textfile/esiwrap.prom",
+           "write Prometheus metrics here on every change (node_exporter textfile collector)"),
+    Option("--metrics-port", _port, None, "9478",
+           "serve Prometheus metrics on this TCP port (0: any free port; see metrics_serving)"),
+    Option("--metrics-address", _address, "127.0.0.1", "0.0.0.0",
+           "address the metrics port listens on (0.0.0.0 or :: for every interface)"),
+    Option("--status-file", _status_file, "auto", "/run/esiwrap/job.json",
+           "where `esiwrap status` finds this run (auto: a per-user runtime directory; none: no file)"),
+)
+
+ALL_RUN_OPTIONS = SOURCE_OPTIONS + RUN_OPTIONS + LOG_OPTIONS + OBSERVE_OPTIONS
 BOOLEAN_FLAGS = {"--final-save", "--signal-child"}
 
 
@@ -310,14 +355,15 @@ def _reason(exc: BaseException) -> str:
 def build_run_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="esiwrap",
-        usage="esiwrap [OPTIONS] -- COMMAND [ARGS...]\n       esiwrap {deadline,report,systemd-unit} ...",
+        usage="esiwrap [OPTIONS] -- COMMAND [ARGS...]\n"
+        "       esiwrap {deadline,report,status,systemd-unit} ...",
         description="Run COMMAND and checkpoint it at the last safe moment before the capacity it "
         "runs on is reclaimed. Exit codes: the child's own; 75 stopped after a completed "
         "checkpoint; 76 no acknowledged checkpoint before the deadline; 2 usage; 126/127 command "
         "not executable/not found; 1 esiwrap failed.",
     )
     parser.add_argument("--version", action="version", version=f"esiwrap {__version__}")
-    _add_options(parser, SOURCE_OPTIONS + RUN_OPTIONS + LOG_OPTIONS)
+    _add_options(parser, ALL_RUN_OPTIONS)
     parser.add_argument("command", nargs=argparse.REMAINDER, help="the training command")
     return parser
 
@@ -355,6 +401,26 @@ def policy_config(values: Mapping[str, Any]) -> PolicyConfig:
     )
 
 
+def observe_settings(values: Mapping[str, Any], environ: Mapping[str, str]) -> Any:
+    """What `esiwrap.observe.Observer` needs: the status file resolved to a path (or None)."""
+    from esiwrap import status
+    from esiwrap.observe import ObserveSettings
+
+    status_file = values["status_file"]
+    if status_file == "auto":
+        status_file = status.default_status_file(environ, os.getpid(), os.getuid())
+        if status_file is None:
+            from esiwrap.log import get_logger
+
+            get_logger().warning("status_file_unavailable",
+                                 looked_in=status.candidate_dirs(environ, os.getuid()),
+                                 fix="--status-file PATH in a writable directory")
+    elif status_file == "none":
+        status_file = None
+    return ObserveSettings(status_file=status_file, metrics_file=values["metrics_file"],
+                           metrics_port=values["metrics_port"], metrics_address=values["metrics_address"])
+
+
 def run(argv: Sequence[str], environ: Mapping[str, str]) -> int:
     args, command = _split_command(argv)
     ns = build_run_parser().parse_args(args)
@@ -365,7 +431,7 @@ def run(argv: Sequence[str], environ: Mapping[str, str]) -> int:
         command = _command_from_env(environ)
     if not command:
         fail("no command given; e.g. esiwrap --deadline +2h -- python train.py")
-    values = resolve_options(ns, SOURCE_OPTIONS + RUN_OPTIONS + LOG_OPTIONS, environ)
+    values = resolve_options(ns, ALL_RUN_OPTIONS, environ)
 
     from esiwrap import log
     from esiwrap.supervisor import Supervisor, SupervisorConfig
@@ -472,6 +538,8 @@ def _subcommand(name: str, argv: Sequence[str], environ: Mapping[str, str]) -> i
         return deadline_command(argv, environ)
     if name == "report":
         return report_command(argv)
+    if name == "status":
+        return status_command(argv, environ)
     if name == "systemd-unit":
         return systemd_unit_command(argv, environ)
     fail(f"'{name}' is not available in this version")
@@ -505,6 +573,71 @@ def report_command(argv: Sequence[str]) -> int:
              "from the journal use `journalctl -o cat -u esiwrap@JOB | esiwrap report -`")
     print(report.to_json(runs, skipped) if ns.json else report.render_text(runs, skipped), end="")
     return EXIT_OK
+
+
+def build_status_parser() -> argparse.ArgumentParser:
+    from esiwrap.status import STATUS_FILE_ENV
+
+    parser = _Parser(prog="esiwrap status",
+                     description="What each running esiwrap knows now: the deadline and its source, the "
+                     "next planned save, the last checkpoint, the work at risk. Read from the status "
+                     "file each esiwrap keeps (see --status-file of a run). Exit 0 when one is running, "
+                     f"{EXIT_NOT_RUNNING} when none is.")
+    parser.add_argument("--json", action="store_true", help="one JSON object for scripts")
+    parser.add_argument("--oneline", action="store_true",
+                        help="one line per esiwrap (for a prompt or a status bar)")
+    parser.add_argument("--pid", type=_pid_arg, help="only the esiwrap with this pid")
+    parser.add_argument("--status-file", metavar="PATH",
+                        help=f"read this status file only [env {STATUS_FILE_ENV}]")
+    return parser
+
+
+def _pid_arg(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        msg = f"{text!r} is not a process id; e.g. --pid 4242"
+        raise argparse.ArgumentTypeError(msg)
+    return value
+
+
+def status_command(argv: Sequence[str], environ: Mapping[str, str]) -> int:
+    from esiwrap import status
+
+    ns = build_status_parser().parse_args(list(argv))
+    explicit = ns.status_file or environ.get(status.STATUS_FILE_ENV, "").strip() or None
+    if explicit is not None and explicit.lower() in ("auto", "none"):
+        explicit = None
+    now = time.time()
+    search = status.find_running(explicit, environ, os.getuid())
+    running = [f for f in search.running if ns.pid is None or f.snapshot.pid == ns.pid]
+    if ns.json:
+        print(status.to_json(running, now), end="")
+    elif ns.oneline:
+        for found in running:
+            print(f"esiwrap {found.snapshot.pid}: {status.summary(found.snapshot, now)}")
+    elif running:
+        print(status.render_text(running, now), end="")
+    if not running:
+        fail(_nothing_running(search, ns.pid), EXIT_NOT_RUNNING)
+    return EXIT_OK
+
+
+def _nothing_running(search: Any, pid: int | None) -> str:
+    if pid is not None and search.running:
+        others = ", ".join(str(f.snapshot.pid) for f in search.running)
+        return f"no running esiwrap has pid {pid} (running: {others})"
+    text = "no esiwrap is running"
+    if pid is not None:
+        text = f"no esiwrap with pid {pid} is running"
+    text += f" (no live status file in {', '.join(search.looked_in)})"
+    if search.stale:
+        text += f"; ignored {len(search.stale)} left by exited processes: {', '.join(search.stale)}"
+    if search.unreadable:
+        text += f"; not status files: {', '.join(search.unreadable)}"
+    return text
 
 
 def build_systemd_unit_parser() -> argparse.ArgumentParser:
@@ -590,7 +723,7 @@ def _settings(pairs: Sequence[str]) -> dict[str, str]:
     """--setenv KEY=VALUE pairs; esiwrap's own options are checked like on the command line."""
     from esiwrap.systemd import unit
 
-    by_env = {opt.env: opt for opt in SOURCE_OPTIONS + RUN_OPTIONS + LOG_OPTIONS}
+    by_env = {opt.env: opt for opt in ALL_RUN_OPTIONS}
     settings: dict[str, str] = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
@@ -612,4 +745,4 @@ def option_docs() -> list[Any]:
     from esiwrap.systemd.unit import OptionDoc
 
     return [OptionDoc(opt.env, "" if opt.default is None else opt.default_text, opt.help)
-            for opt in SOURCE_OPTIONS + RUN_OPTIONS + LOG_OPTIONS]
+            for opt in ALL_RUN_OPTIONS]
