@@ -556,6 +556,9 @@ def build_report_parser() -> argparse.ArgumentParser:
                         "- (default) reads stdin")
     parser.add_argument("--json", action="store_true", help="one JSON object for machines")
     parser.add_argument("--last", action="store_true", help="only the last run in the log")
+    parser.add_argument("--html", metavar="OUT.html",
+                        help="write a self-contained page: each run's timeline picture and figures")
+    parser.add_argument("--svg", metavar="OUT.svg", help="write the timeline picture(s) as one SVG file")
     return parser
 
 
@@ -567,12 +570,35 @@ def report_command(argv: Sequence[str]) -> int:
         lines = report.open_log(ns.log)
     except OSError as exc:
         fail(f"{ns.log}: {exc.strerror or exc}; give a log file, or - for stdin")
-    runs, skipped = report.report(lines, last_only=ns.last)
-    if not runs:
+    events, skipped = report.run_events(lines, last_only=ns.last)
+    if not events:
         fail(f"{ns.log}: no esiwrap log lines in it ({skipped} other lines); "
              "from the journal use `journalctl -o cat -u esiwrap@JOB | esiwrap report -`")
+    if ns.html or ns.svg:
+        _write_timelines(ns, events, skipped)
+        if not ns.json:
+            return EXIT_OK
+    runs = [report.summarize(run) for run in events]
     print(report.to_json(runs, skipped) if ns.json else report.render_text(runs, skipped), end="")
     return EXIT_OK
+
+
+def _write_timelines(ns: argparse.Namespace, events: Sequence[Sequence[Any]], skipped: int) -> None:
+    from esiwrap import timeline
+
+    source = "standard input" if ns.log == "-" else os.path.abspath(ns.log)
+    outputs: list[tuple[str, str]] = []
+    if ns.svg:
+        outputs.append((ns.svg, timeline.render_svg(events)))
+    if ns.html:
+        outputs.append((ns.html, timeline.render_html(events, skipped, source)))
+    for path, text in outputs:
+        try:
+            with open(path, "w", encoding="utf-8") as out:
+                out.write(text)
+        except OSError as exc:
+            fail(f"{path}: {exc.strerror or exc}; give a writable path for the picture")
+        print(f"esiwrap: wrote {path} ({len(events)} run{'' if len(events) == 1 else 's'})", file=sys.stderr)
 
 
 def build_status_parser() -> argparse.ArgumentParser:

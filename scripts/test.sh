@@ -7,9 +7,13 @@ python3 -m venv .venv
 # torch first and pinned: the CPU wheel; anything unpinned could pull a multi-GB CUDA build
 .venv/bin/pip install --quiet --disable-pip-version-check torch==2.13.0
 .venv/bin/pip install --quiet --disable-pip-version-check -e '.[test,verl,hf,lightning]'
-# systemd-analyze checks the shipped unit (tests/test_systemd_unit.py); PID 1 need not be systemd
-if ! command -v systemd-analyze >/dev/null; then
-    apt-get update -qq && apt-get install -y -qq --no-install-recommends systemd >/dev/null
+# systemd-analyze checks the shipped unit (tests/test_systemd_unit.py); PID 1 need not be systemd.
+# Chromium renders `esiwrap report --html` in tests/test_timeline.py (headless, no network).
+missing=()
+command -v systemd-analyze >/dev/null || missing+=(systemd)
+command -v chromium >/dev/null || missing+=(chromium)
+if [ ${#missing[@]} -gt 0 ]; then
+    apt-get update -qq && apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 .venv/bin/ruff check esiwrap tests examples benchmarks
 .venv/bin/mypy
