@@ -11,7 +11,7 @@ python3 -m venv .venv
 # Chromium renders `esiwrap report --html` in tests/test_timeline.py (headless, no network).
 missing=()
 command -v systemd-analyze >/dev/null || missing+=(systemd)
-command -v chromium >/dev/null || missing+=(chromium)
+command -v chromium >/dev/null || missing+=(chromium fonts-dejavu-core)  # the font the picture names first
 if [ ${#missing[@]} -gt 0 ]; then
     apt-get update -qq && apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
