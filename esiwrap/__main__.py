@@ -1,5 +1,5 @@
 from __future__ import annotations
 
-from esiwrap.cli import main
+from esiwrap._console import console
 
-raise SystemExit(main())
+console()

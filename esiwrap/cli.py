@@ -434,7 +434,10 @@ def run(argv: Sequence[str], environ: Mapping[str, str]) -> int:
     values = resolve_options(ns, ALL_RUN_OPTIONS, environ)
 
     from esiwrap import log
+    from esiwrap._console import resume_gc
     from esiwrap.supervisor import Supervisor, SupervisorConfig
+
+    resume_gc()  # everything supervision needs is loaded
 
     run_id = log.new_run_id()
     log.configure(run_id, level=values["log_level"], fmt=values["log_format"], log_file=values["log_file"])
@@ -534,6 +537,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _subcommand(name: str, argv: Sequence[str], environ: Mapping[str, str]) -> int:
+    from esiwrap._console import resume_gc
+
+    resume_gc()
     if name == "deadline":
         return deadline_command(argv, environ)
     if name == "report":
