@@ -70,6 +70,8 @@ class Observer:
         """The supervisor's latest state: files now, or within min_interval_s if only step-level
         figures moved; the endpoint always answers with the latest."""
         mono = time.monotonic() if mono is None else mono
+        if self._latest is not None and replace(self._latest, time=snapshot.time) == snapshot:
+            return  # nothing changed but the clock: the snapshot keeps the time of its last change
         self._latest = snapshot
         if self._written is None or _significant(self._written, snapshot) or \
                 mono - self._written_mono >= self.settings.min_interval_s:

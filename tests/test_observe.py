@@ -281,7 +281,9 @@ def test_files_are_rewritten_only_on_change_and_step_noise_is_throttled(tmp_path
         assert observer.next_wake(100.0) is None
 
         observer.update(first, mono=101.0)  # the same snapshot: nothing written
+        observer.update(replace(first, time=NOW + 0.5), mono=101.0)  # only later: not a change
         assert os.stat(metrics_file).st_ino == inode
+        assert Snapshot.from_json(status_file.read_text()).time == NOW
 
         stepped = replace(first, time=NOW + 1, last_step=1301, work_at_risk_s=363.5)
         observer.update(stepped, mono=101.0)
