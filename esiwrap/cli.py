@@ -403,17 +403,17 @@ def policy_config(values: Mapping[str, Any]) -> PolicyConfig:
 
 def observe_settings(values: Mapping[str, Any], environ: Mapping[str, str]) -> Any:
     """What `esiwrap.observe.Observer` needs: the status file resolved to a path (or None)."""
-    from esiwrap import status
+    from esiwrap import statusfile
     from esiwrap.observe import ObserveSettings
 
     status_file = values["status_file"]
     if status_file == "auto":
-        status_file = status.default_status_file(environ, os.getpid(), os.getuid())
+        status_file = statusfile.default_status_file(environ, os.getpid(), os.getuid())
         if status_file is None:
             from esiwrap.log import get_logger
 
             get_logger().warning("status_file_unavailable",
-                                 looked_in=status.candidate_dirs(environ, os.getuid()),
+                                 looked_in=statusfile.candidate_dirs(environ, os.getuid()),
                                  fix="--status-file PATH in a writable directory")
     elif status_file == "none":
         status_file = None
@@ -608,7 +608,7 @@ def _write_timelines(ns: argparse.Namespace, events: Sequence[Sequence[Any]], sk
 
 
 def build_status_parser() -> argparse.ArgumentParser:
-    from esiwrap.status import STATUS_FILE_ENV
+    from esiwrap.statusfile import STATUS_FILE_ENV
 
     parser = _Parser(prog="esiwrap status",
                      description="What each running esiwrap knows now: the deadline and its source, the "
@@ -637,9 +637,10 @@ def _pid_arg(text: str) -> int:
 
 def status_command(argv: Sequence[str], environ: Mapping[str, str]) -> int:
     from esiwrap import status
+    from esiwrap.statusfile import STATUS_FILE_ENV
 
     ns = build_status_parser().parse_args(list(argv))
-    explicit = ns.status_file or environ.get(status.STATUS_FILE_ENV, "").strip() or None
+    explicit = ns.status_file or environ.get(STATUS_FILE_ENV, "").strip() or None
     if explicit is not None and explicit.lower() in ("auto", "none"):
         explicit = None
     now = time.time()

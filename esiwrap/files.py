@@ -1,8 +1,9 @@
 """Files other processes read while esiwrap runs (the metrics file, the status file).
 
 A reader must never see half a file: each version is written to a temporary file in the same
-directory, flushed to disk and renamed over the old one, which is what node_exporter's textfile
-collector asks for. A file is rewritten only when its text changed.
+directory and renamed over the old one, which is what node_exporter's textfile collector asks
+for; with `durable`, the temporary file is also flushed to disk first (fsync), so a crash leaves
+the old version or the new one. A file is rewritten only when its text changed.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import contextlib
 import os
 
 
-def write_atomic(path: str, text: str, mode: int = 0o644) -> None:
+def write_atomic(path: str, text: str, mode: int = 0o644, durable: bool = True) -> None:
     """Replace `path` with `text` in one step: temporary file, fsync, rename (OSError on failure)."""
     directory = os.path.dirname(os.path.abspath(path))
     tmp = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}.tmp")
@@ -21,7 +22,8 @@ def write_atomic(path: str, text: str, mode: int = 0o644) -> None:
             data = text.encode("utf-8")
             while data:
                 data = data[os.write(fd, data):]
-            os.fsync(fd)
+            if durable:
+                os.fsync(fd)
         finally:
             os.close(fd)
         os.replace(tmp, path)
@@ -34,16 +36,17 @@ def write_atomic(path: str, text: str, mode: int = 0o644) -> None:
 class MirroredFile:
     """One file kept equal to the latest text it was given."""
 
-    def __init__(self, path: str, mode: int = 0o644) -> None:
+    def __init__(self, path: str, mode: int = 0o644, durable: bool = True) -> None:
         self.path = path
         self.mode = mode
+        self.durable = durable
         self._written: str | None = None
 
     def write(self, text: str) -> bool:
         """Write when the text changed; True when the file was written (OSError on failure)."""
         if text == self._written:
             return False
-        write_atomic(self.path, text, self.mode)
+        write_atomic(self.path, text, self.mode, self.durable)
         self._written = text
         return True
 

@@ -49,7 +49,9 @@ class Observer:
     def __init__(self, selector: selectors.BaseSelector, settings: ObserveSettings) -> None:
         self.settings = settings
         self.log = get_logger()
-        self._status = MirroredFile(settings.status_file) if settings.status_file else None
+        # The status file lives as long as this process and is read by processes on this machine:
+        # renamed into place, it needs no fsync (which costs milliseconds on a disk-backed /run).
+        self._status = MirroredFile(settings.status_file, durable=False) if settings.status_file else None
         self._metrics = MirroredFile(settings.metrics_file) if settings.metrics_file else None
         self._latest: Snapshot | None = None
         self._written: Snapshot | None = None

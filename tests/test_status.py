@@ -19,7 +19,8 @@ from esiwrap_harness import CHILDREN, PYTHON
 from test_metrics import snapshot
 
 from esiwrap.snapshot import Snapshot
-from esiwrap.status import default_status_file, describe, summary
+from esiwrap.status import describe, summary
+from esiwrap.statusfile import default_status_file
 
 OBSERVED = CHILDREN / "esiwrap_observed.py"
 

@@ -16,7 +16,7 @@ import time
 
 from esiwrap.observe import Observer, ObserveSettings
 from esiwrap.snapshot import Snapshot
-from esiwrap.status import default_status_file
+from esiwrap.statusfile import default_status_file
 
 
 def main() -> None:
