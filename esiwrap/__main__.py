@@ -1,5 +1,5 @@
 from __future__ import annotations
 
-from esiwrap._console import console
+from esiwrap.cli import main
 
-console()
+raise SystemExit(main())

@@ -1,4 +1,4 @@
-"""The `esiwrap` executable (and `python -m esiwrap`): `esiwrap.cli.main`, started and ended light.
+"""The `esiwrap` executable: `esiwrap.cli.main`, started and ended light.
 
 Start: the garbage collector is off while the modules load. They make tens of thousands of
 objects that live as long as the process, so collecting them finds nothing; `cli` freezes them
@@ -7,7 +7,8 @@ and turns the collector back on before supervision begins (`resume_gc`).
 End: once stdout and stderr are flushed, the process leaves with `os._exit`. Tearing every
 module down one object at a time costs more than a short run's whole supervision (about 8 ms
 of CPU here), and by then the child tree is reaped, sockets closed and files written. A bug's
-traceback still takes the ordinary way out.
+traceback still takes the ordinary way out, and so does `python -m esiwrap` (`__main__`), which
+a test or a tool may run inside a process that goes on afterwards.
 """
 
 from __future__ import annotations
