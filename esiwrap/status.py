@@ -15,6 +15,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from esiwrap.process import pid_exists
 from esiwrap.snapshot import Snapshot
 from esiwrap.statusfile import candidate_dirs
 from esiwrap.systemd.status import human_duration
@@ -82,12 +83,8 @@ def _classify(path: str, search: Search) -> None:
 
 def is_esiwrap(pid: int) -> bool:
     """The process exists and, where /proc says so, runs esiwrap (a reused pid does not count)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+    if not pid_exists(pid):
         return False
-    except PermissionError:
-        pass  # another user's: it exists
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as handle:
             cmdline = handle.read()
@@ -139,16 +136,20 @@ def _row(label: str, text: str) -> str:
 def _deadline(s: Snapshot, now: float) -> str:
     if s.deadline_at is None:
         return "none known"
-    left = s.deadline_at - now
-    when = f"in {human_duration(left)}" if left >= 0 else f"passed {human_duration(-left)} ago"
+    when = _relative(s.deadline_at, now, "passed")
     return f"{when} ({clock(s.deadline_at, now)}) from {s.deadline_source or 'unknown'}"
+
+
+def _relative(at: float, now: float, past: str) -> str:
+    """'in 28m', or '<past> 5m ago' once the moment has gone by."""
+    left = at - now
+    return f"in {human_duration(left)}" if left >= 0 else f"{past} {human_duration(-left)} ago"
 
 
 def _next_save(s: Snapshot, now: float) -> str:
     if s.next_save_at is None:
         return "none planned"
-    left = s.next_save_at - now
-    when = f"in {human_duration(left)}" if left >= 0 else f"due {human_duration(-left)} ago"
+    when = _relative(s.next_save_at, now, "due")
     reason = f": {s.next_save_reason}" if s.next_save_reason else ""
     return f"{s.next_save_kind or 'save'} save at {clock(s.next_save_at, now)} ({when}){reason}"
 
