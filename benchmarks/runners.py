@@ -1,13 +1,13 @@
 """Policies played against a `Scenario`, each evaluated where it really runs.
 
-* `run_esiwrap` drives esiwrap's own planning code (`esiwrap.policy`: `Observations`, `replan`)
-  through the same sequence of calls the supervisor makes (`Supervisor._on_step`, `_replan`,
-  `_housekeeping`, `_request_save`, `_acknowledged`, `_set_deadline`). What the supervisor learns
-  arrives as it would: a step report at each boundary (boundary-to-boundary time), a save ack
-  when the save ends, a deadline change when it is announced. A save signal is taken to arrive
-  at once (its latency is microseconds against steps of seconds) but is acted on only at the
-  trainer's next boundary: a signal sent while the step report of boundary b is processed is
-  seen at the following one.
+* `run_esiwrap` drives esiwrap's own decision core (`esiwrap.controller.Controller`, which plans
+  with `esiwrap.policy`) with the events the supervisor would feed it, on a simulated clock: a
+  step report at each boundary (boundary-to-boundary time), save begin/end around a save, a
+  deadline change when it is announced, and a wake-up at every timer the controller asks for.
+  A save signal is taken to arrive at once (its latency is microseconds against steps of
+  seconds) but is acted on only at the trainer's next boundary: a signal sent while the step
+  report of boundary b is processed is seen at the following one. Any stop (`StopChild`) ends
+  training.
 * `run_verl` is verl's rule as verl's `RayPPOTrainer.fit` runs it: after each step, save when
   `0 < remaining <= 60 + max_steps_duration + esi_redundant_time`, where `max_steps_duration` is the
   longest step so far (a step's time includes a save made in it; 0 before the first step ends),
@@ -26,7 +26,10 @@ from dataclasses import dataclass
 
 from traces import Scenario
 
-from esiwrap.policy import Observations, PolicyConfig, SavePlan, replan
+from esiwrap import controller as core
+from esiwrap.controller import Controller, ControllerConfig, Now
+from esiwrap.deadline import Answer, Deadline
+from esiwrap.policy import PolicyConfig
 
 VERL_SAVE_S = 60.0  # should_save_ckpt_esi's save_ckpt_duration default; verl never passes another
 
@@ -66,6 +69,11 @@ class _Tally:
         self.saving_s += ends - begins
         self.saved_step = step
         return ends
+
+    def cut_short(self, begins: float, stopped_at: float) -> None:
+        """A save begun at `begins` that esiwrap's stop ended before it completed."""
+        self.saves += 1
+        self.saving_s += max(0.0, min(stopped_at, self.scenario.reclaim_at) - begins)
 
     def outcome(self) -> Outcome:
         progress = self.progress[self.saved_step - 1] if self.saved_step is not None else 0.0
@@ -115,101 +123,86 @@ def run_verl(scenario: Scenario, redundant_s: float = 0.0) -> Outcome:
 
 
 # ---------------------------------------------------------------------------------- esiwrap
-class _Supervisor:
-    """The planning state of `esiwrap.supervisor.Supervisor`, without its I/O.
+TRAINER_PID = 1000  # the simulated trainer is the direct child and says hello at once
 
-    Method names follow the supervisor's; each does what its namesake does with the policy.
+
+class _Shell:
+    """What `esiwrap.supervisor` does around the controller, on a simulated clock.
+
+    The controller is esiwrap's own `esiwrap.controller.Controller`; this shell only carries out its
+    actions: the save signal raises the trainer's flag (seen at the trainer's next boundary), and
+    any stop ends training (the run keeps what its last completed save holds).
     """
 
-    def __init__(self, config: PolicyConfig, deadline: float) -> None:
-        self.config = config
-        self.deadline = deadline
-        self.obs = Observations(config.step_window)
-        self.plan: SavePlan | None = None
-        self.requested_at: float | None = None  # a save signal is out, not yet acknowledged
-        self.saves_done = 0
-        self.stopped = False
+    def __init__(self, scenario: Scenario, config: ControllerConfig) -> None:
+        self.controller = Controller(config)
+        self.now = 0.0
+        self.flag = False  # the trainer's save flag, raised by the save signal
+        self.stopped_at: float | None = None
+        self.changes = sorted(scenario.changes, key=lambda c: c.at)
+        self.feed(core.ChildStarted(TRAINER_PID))
+        self.feed(core.DeadlineAnswers((_answer(scenario.deadline),)))
+        self.feed(core.Hello(TRAINER_PID))
 
-    def _replan(self, now: float) -> None:
-        if self.stopped or self.requested_at is not None:
-            return
-        plan = replan(self.deadline, self.obs, self.config, self.saves_done, self.plan, now)
-        if plan is None:  # _no_further_save with --after-save stop: exit 75
-            self.plan = None
-            self.stopped = True
-            return
-        self.plan = plan
+    def feed(self, event: core.Event) -> None:
+        self._apply(self.controller.handle(event, Now(self.now, self.now)))
 
-    def housekeeping(self, now: float) -> None:
-        """The planned moment has come (or had already passed when it was computed)."""
-        if not self.stopped and self.plan is not None and self.requested_at is None \
-                and now >= self.plan.signal_at:
-            self.requested_at = now  # _request_save
+    def _apply(self, actions: list[core.Action]) -> None:
+        for action in actions:
+            if isinstance(action, core.SendSignal) and TRAINER_PID in action.pids \
+                    and action.signal == self.controller.config.save_signal:
+                self.flag = True
+            elif isinstance(action, (core.StopChild, core.KillTree, core.Exit)) and self.stopped_at is None:
+                self.stopped_at = self.now
 
-    def next_timer(self) -> float:
-        if self.stopped or self.plan is None or self.requested_at is not None:
-            return math.inf
-        return self.plan.signal_at
+    @property
+    def stopped(self) -> bool:
+        return self.stopped_at is not None
 
-    def on_hello(self, now: float) -> None:
-        self.obs.trainer_started(now)
-        self._replan(now)
-        self.housekeeping(now)
-
-    def on_step(self, step: int, duration_s: float, now: float) -> None:
-        self.obs.record_step(step, duration_s, now)
-        self._replan(now)
-        self.housekeeping(now)
-
-    def on_acknowledged(self, duration_s: float, now: float) -> None:
-        self.obs.record_requested_save(duration_s, now)
-        self.requested_at = None
-        self.saves_done += 1
-        self.plan = None
-        self._replan(now)
-        self.housekeeping(now)
-
-    def on_deadline(self, deadline: float, now: float) -> None:
-        self.deadline = deadline
-        self._replan(now)
-        self.housekeeping(now)  # a deadline already too close: the save is asked for at once
-
-
-def run_esiwrap(scenario: Scenario, config: PolicyConfig) -> Outcome:
-    tally = _Tally(scenario)
-    sup = _Supervisor(config, scenario.deadline)
-    changes = sorted(scenario.changes, key=lambda c: c.at)
-
-    def advance(until: float) -> None:
-        """Timers and deadline announcements up to `until`, in time order."""
-        while True:
-            change_at = changes[0].at if changes else math.inf
-            timer = sup.next_timer()
-            if timer <= until and timer <= change_at:
-                sup.housekeeping(timer)
-            elif change_at <= until:
-                change = changes.pop(0)
-                sup.on_deadline(change.deadline, change.at)
-            else:
-                return
-
-    sup.on_hello(0.0)
-    now = last_boundary = 0.0
-    for step, duration in enumerate(scenario.steps, start=1):
-        boundary = now + duration
-        advance(boundary)  # a signal sent by now is seen at this boundary
-        if boundary > scenario.reclaim_at or sup.stopped:
-            break
-        seen = sup.requested_at is not None
-        sup.on_step(step, boundary - last_boundary, boundary)
-        last_boundary = now = boundary
-        if seen:
-            ends = tally.save(step, boundary)
-            if ends is None:
+    def advance(self, until: float) -> None:
+        """Timers and deadline announcements up to `until`, in time order, as the loop wakes."""
+        while not self.stopped:
+            wait = self.controller.wake_at(Now(self.now, self.now))
+            timer = math.inf if wait is None else self.now + wait
+            change_at = self.changes[0].at if self.changes else math.inf
+            if min(timer, change_at) > until:
                 break
-            advance(ends)
-            sup.on_acknowledged(ends - boundary, ends)
-            now = ends
-        if sup.stopped:
+            if change_at <= timer:
+                self.now = max(self.now, change_at)
+                self.feed(core.DeadlineAnswers((_answer(self.changes.pop(0).deadline),)))
+            else:
+                self.now = timer
+                self._apply(self.controller.tick(Now(self.now, self.now)))
+        self.now = max(self.now, until)
+
+
+def _answer(deadline: float) -> Answer:
+    return Answer("sim", deadline=Deadline(at=deadline, source="sim"))
+
+
+def run_esiwrap(scenario: Scenario, config: PolicyConfig | ControllerConfig) -> Outcome:
+    tally = _Tally(scenario)
+    full = config if isinstance(config, ControllerConfig) else ControllerConfig(policy=config)
+    shell = _Shell(scenario, full)
+    last_boundary = 0.0
+    for step, duration in enumerate(scenario.steps, start=1):
+        boundary = shell.now + duration
+        shell.advance(boundary)  # a signal sent by now is seen at this boundary
+        if boundary > scenario.reclaim_at or shell.stopped:
+            break
+        seen, shell.flag = shell.flag, False
+        shell.feed(core.Step(TRAINER_PID, step, boundary - last_boundary))
+        last_boundary = boundary
+        if seen:
+            shell.feed(core.SaveBegin(TRAINER_PID, step))
+            ends = boundary + scenario.saves[step - 1]
+            shell.advance(ends)
+            if shell.stopped_at is not None and shell.stopped_at < ends:
+                tally.cut_short(boundary, shell.stopped_at)
+                break  # stopped while saving: the save never completed
+            if tally.save(step, boundary) is None:
+                break
+            shell.feed(core.SaveEnd(TRAINER_PID, step, duration_s=ends - boundary))
+        if shell.stopped:
             break
     return tally.outcome()

@@ -126,3 +126,24 @@ def test_after_save_continue_leaves_the_child_running(esiwrap, tmp_path: Path) -
     run.wait_event("training_continues", 10)
     assert run.finish(40) == 0
     assert "plain_trainer: done" in run.stdout.decode()
+
+
+def test_waiting_for_a_checkpoint_past_the_deadline_costs_no_cpu(esiwrap, tmp_path: Path) -> None:
+    """SIGTERM, then a 6 s save that runs past the deadline: esiwrap sleeps until the save is
+    acknowledged (it used to spin on a zero timeout from the deadline on: a full core)."""
+    import psutil
+
+    ckpt = tmp_path / "ckpt.json"
+    run = esiwrap("--deadline", "+5s", "--redundant-time", "0", "--save-duration", "0.5",
+                  "--stop-grace", "30", "--", *trainer(ckpt, "--save-seconds", "6"))
+    run.wait_event("trainer_attached")
+    run.signal(signal.SIGTERM)
+    run.wait_event("save_started", 10)
+    me = psutil.Process(run.pid)
+    before = me.cpu_times()
+    completed = run.wait_event("save_completed", 20)
+    after = me.cpu_times()
+    assert completed["remaining_s"] < 0  # the save ended after the deadline had passed
+    spent = (after.user - before.user) + (after.system - before.system)
+    assert spent < 0.3, f"esiwrap used {spent:.2f}s of CPU while waiting ~6s"
+    assert run.finish(30) == EXIT_CHECKPOINTED

@@ -203,7 +203,8 @@ def test_systemd_stop_checkpoints_within_the_stop_timeout(esiwrap, tmp_path: Pat
     got = listener.close()
     kinds = [d.split("=", 1)[0] for d in got]
     assert set(kinds) == {"READY", "STATUS", "STOPPING", "EXTEND_TIMEOUT_USEC", "WATCHDOG"}
-    assert got[0] == "READY=1\nSTATUS=no deadline known"
+    # --deadline is known before the child starts: the very first status line already says it
+    assert got[0].startswith("READY=1\nSTATUS=deadline ") and "(cli)" in got[0].split("\n")[1]
     assert all(d.count("\n") == 0 for d in got[1:])
     statuses = [d[len("STATUS="):] for d in got if d.startswith("STATUS=")]
     deadline_text = f"deadline {resolved['deadline'][:19]}Z (cli), insurance save at "

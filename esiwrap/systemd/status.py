@@ -14,9 +14,10 @@ from datetime import datetime, timezone
 @dataclass(frozen=True)
 class StatusFacts:
     now: float
-    phase: str  # running | continuing | stopping
+    phase: str  # the controller's mode: running | save_requested | draining | continuing | stopping | killing
     deadline_at: float | None = None
     source: str | None = None
+    deadline_pending: bool = False  # the sources have not all answered yet
     plan_kind: str | None = None
     signal_at: float | None = None  # the planned save signal, as last logged
     request_kind: str | None = None  # a save was asked for and is not acknowledged yet
@@ -46,12 +47,12 @@ def status_parts(facts: StatusFacts) -> tuple[str, str]:
 
 def _deadline(facts: StatusFacts) -> str:
     if facts.deadline_at is None:
-        return "no deadline known"
+        return "resolving the deadline" if facts.deadline_pending else "no deadline known"
     return f"deadline {_iso_seconds(facts.deadline_at)} ({facts.source})"
 
 
 def _save(facts: StatusFacts) -> list[str]:
-    if facts.phase == "stopping":
+    if facts.phase in ("stopping", "killing"):
         return [f"stopping: {facts.stop_reason}"]
     parts = []
     if facts.awaiting_ack:

@@ -1,0 +1,754 @@
+"""The decision core: what the supervisor does, as a pure state machine.
+
+Events go in with the time (`Now`: the wall clock for deadlines, the monotonic clock for waits),
+actions come out (signal these PIDs, stop the child, log this, exit). Nothing here does I/O or
+reads a clock, so the supervisor (`esiwrap.supervisor`, the I/O shell), the policy simulator
+(`benchmarks/simulate.py`) and the property tests all drive this same code.
+
+One `Mode` says what the supervisor is doing, and each mode owns its timers; `wake_at` is the one
+place that says when the loop must wake next:
+
+    RUNNING         training; the planned save signal and the deadline are the timers
+    SAVE_REQUESTED  a save was asked for and is not acknowledged; the deadline (a miss), and the
+                    latest graceful stop while no trainer has attached to take the signal
+    DRAINING        stopping as soon as the outstanding save is acknowledged (SIGTERM, a deadline
+                    learned too late); the acknowledgement wait
+    CONTINUING      the planned saves are done, the child keeps running (`--after-save continue`)
+    STOPPING        the stop signal went to the child; its grace period
+    KILLING         SIGKILL went to the tree; the wait for it to vanish
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from esiwrap import events as ev
+from esiwrap.deadline.chain import Answer, winner
+from esiwrap.deadline.value import Deadline, iso_utc
+from esiwrap.errors import EXIT_CHECKPOINTED, EXIT_FAILURE, EXIT_SAVE_MISSED
+from esiwrap.policy import (
+    Observations,
+    PolicyConfig,
+    SavePlan,
+    moved_enough,
+    needed_s,
+    renewal_reopens_insurance,
+    replan,
+    save_estimate_s,
+    step_estimate_s,
+)
+
+AfterSave = Literal["stop", "continue"]
+OnSigterm = Literal["checkpoint", "forward"]
+Level = Literal["debug", "info", "warning", "error"]
+
+KILL_WAIT_S = 5.0  # after SIGKILL, how long to wait for the tree to vanish
+STOP_TIMEOUT_MARGIN_S = 5.0  # asked of systemd on top of our own stop timeline
+DEADLINE_CHANGE_S = 1.0  # smaller moves are the same deadline said twice
+SAVE_WRITE_GRACE_FACTOR = 3.0  # a save being written may run this many estimates before it is cut off
+
+
+class Mode(enum.Enum):
+    RUNNING = "running"
+    SAVE_REQUESTED = "save_requested"
+    DRAINING = "draining"
+    CONTINUING = "continuing"
+    STOPPING = "stopping"
+    KILLING = "killing"
+
+
+@dataclass(frozen=True)
+class Now:
+    wall: float  # epoch seconds: deadlines
+    mono: float  # monotonic seconds: waits and grace periods
+
+
+@dataclass(frozen=True)
+class ControllerConfig:
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    save_signal: str = "SIGUSR1"
+    stop_signal: str = "SIGTERM"
+    stop_grace_s: float = 30.0
+    after_save: AfterSave = "stop"
+    on_sigterm: OnSigterm = "checkpoint"
+    signal_child: bool = False
+
+
+# ---------------------------------------------------------------------------------- events
+@dataclass(frozen=True)
+class ChildStarted:
+    pid: int
+    argv: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Hello:
+    pid: int
+    rank: int = 0
+    saves: bool = True
+    wants_signal: bool = True
+    stop_signal: str | None = None
+    descendant: bool = True  # the shell checked: the process is in esiwrap's own tree
+    fields: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class TrainerGone:
+    """A trainer said bye, or its process exited."""
+
+    pid: int
+
+
+@dataclass(frozen=True)
+class Step:
+    pid: int
+    step: int
+    duration_s: float
+
+
+@dataclass(frozen=True)
+class SaveBegin:
+    pid: int
+    step: int
+
+
+@dataclass(frozen=True)
+class SaveEnd:
+    pid: int
+    step: int
+    ok: bool = True
+    duration_s: float = 0.0
+    path: str = ""
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class DeadlineAnswers:
+    answers: tuple[Answer, ...]
+
+
+@dataclass(frozen=True)
+class SignalReceived:
+    name: str  # "SIGTERM"
+
+
+@dataclass(frozen=True)
+class ChildExited:
+    pid: int
+    code: int | None  # None when killed by a signal
+    signal: str | None = None
+    signum: int = 0
+
+
+@dataclass(frozen=True)
+class TreeChecked:
+    """While stopping, after every wake-up: how many processes of the child's tree are left."""
+
+    remaining: int
+
+
+Event = (
+    ChildStarted | Hello | TrainerGone | Step | SaveBegin | SaveEnd | DeadlineAnswers | SignalReceived
+    | ChildExited | TreeChecked
+)
+
+
+# ---------------------------------------------------------------------------------- actions
+@dataclass(frozen=True)
+class SendSignal:
+    pids: tuple[int, ...]
+    signal: str
+
+
+@dataclass(frozen=True)
+class StopChild:
+    """Remember the child's tree, then send the child the first signal of the stop sequence
+    (None: only remember the tree, a KillTree follows)."""
+
+    signal: str | None
+
+
+@dataclass(frozen=True)
+class KillTree:
+    """SIGKILL to every remaining process of the child's tree."""
+
+
+@dataclass(frozen=True)
+class TermLeftovers:
+    """The child is gone: SIGTERM to what is left of its tree."""
+
+
+@dataclass(frozen=True)
+class Log:
+    level: Level
+    event: str
+    fields: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class NotifyStopping:
+    """Tell the service manager we are on our way out."""
+
+
+@dataclass(frozen=True)
+class ExtendStopTimeout:
+    seconds: float
+
+
+@dataclass(frozen=True)
+class Exit:
+    code: int
+    reason: str
+
+
+Action = SendSignal | StopChild | KillTree | TermLeftovers | Log | NotifyStopping | ExtendStopTimeout | Exit
+
+
+# ---------------------------------------------------------------------------------- state
+@dataclass
+class Trainer:
+    """A process that said hello on the channel."""
+
+    pid: int
+    rank: int
+    saves: bool
+    signal: bool
+    stop_signal: str | None
+    attached_at: float
+
+
+@dataclass
+class SaveRequest:
+    reason: str  # deadline | sigterm | manual
+    kind: str  # the plan's kind for a deadline save, else the reason
+    requested_at: float
+    signalled: set[int] = field(default_factory=set)
+    begun: dict[int, int] = field(default_factory=dict)  # pid -> step
+    done: dict[int, SaveEnd] = field(default_factory=dict)
+    save_started_mono: float | None = None
+
+
+@dataclass
+class StopState:
+    reason: str
+    exit_status: int | None  # None: the child's own status
+    until: float  # monotonic: the end of the grace period, or of the wait after SIGKILL
+    leftovers_signalled: bool = False
+
+
+class Controller:
+    """Events in, actions out. Every public method returns the actions to carry out, in order."""
+
+    def __init__(self, config: ControllerConfig) -> None:
+        self.config = config
+        self.mode = Mode.RUNNING
+        self.obs = Observations(config.policy.step_window)
+        self.deadline: Deadline | None = None
+        self.deadline_pending = True  # no deadline answer handed over yet
+        self._known: dict[str, Deadline] = {}
+        self._unavailable: dict[str, str] = {}
+        self.trainers: dict[int, Trainer] = {}
+        self.child_pid: int | None = None
+        self.child_status: int | None = None  # esiwrap's exit status for the child's end
+        self.request: SaveRequest | None = None
+        self.plan: SavePlan | None = None
+        self._logged_signal_at: float | None = None
+        self._warned_too_close = False
+        self.saves_done = 0  # acknowledged saves against the current deadline
+        self.any_save_completed = False
+        self.last_saved_step: int | None = None
+        self._ack_until: float | None = None  # monotonic, while DRAINING
+        self._sigints = 0
+        self.stop: StopState | None = None
+        self._exited = False
+        self._out: list[Action] = []
+
+    # ------------------------------------------------------------------ the two entry points
+    def handle(self, event: Event, now: Now) -> list[Action]:
+        """React to one event, then fire whatever timer it made due."""
+        handler = getattr(self, "_on_" + _snake(type(event).__name__))
+        handler(event, now)
+        self._fire_timers(now)
+        return self._take()
+
+    def tick(self, now: Now) -> list[Action]:
+        """The loop woke up (a timer, or anything else): fire the timers that are due."""
+        self._fire_timers(now)
+        return self._take()
+
+    def wake_at(self, now: Now) -> float | None:
+        """Seconds from `now` until a timer of the current mode is due (0: due now), or None."""
+        waits = [at - now.wall for at in self._wall_timers()] + [at - now.mono for at in self._mono_timers()]
+        return max(0.0, min(waits)) if waits else None
+
+    def _wall_timers(self) -> list[float]:
+        timers: list[float] = []
+        if self.mode in (Mode.RUNNING, Mode.SAVE_REQUESTED) and self.deadline is not None:
+            timers.append(self.deadline.at)
+            if self.mode is Mode.RUNNING and self.plan is not None:
+                timers.append(self.plan.signal_at)
+            unattached = self._unattached_stop_at()
+            if unattached is not None:
+                timers.append(unattached)
+        return timers
+
+    def _mono_timers(self) -> list[float]:
+        if self.mode is Mode.DRAINING and self._ack_until is not None:
+            return [self._ack_until]
+        if self.mode in (Mode.STOPPING, Mode.KILLING) and self.stop is not None:
+            return [self.stop.until]
+        return []
+
+    def _fire_timers(self, now: Now) -> None:
+        """Fire due timers until none is: a timer's action can make another one due at once (a save
+        asked for with nobody to take it, past its graceful stop). Each firing changes the state,
+        so this ends; the bound only guards against a bug turning into a busy loop."""
+        for _ in range(8):
+            due = self.wake_at(now)
+            if due is None or due > 0 or self._exited:
+                return
+            self._fire_due_timer(now)
+
+    def _fire_due_timer(self, now: Now) -> None:
+        if self.mode is Mode.DRAINING:
+            if self._ack_until is not None and now.mono >= self._ack_until:
+                self._ack_wait_over(now)
+        elif self.mode in (Mode.STOPPING, Mode.KILLING):
+            self._stop_timer(now)
+        elif self.mode in (Mode.RUNNING, Mode.SAVE_REQUESTED) and self.deadline is not None:
+            unattached = self._unattached_stop_at()
+            if now.wall >= self.deadline.at:
+                self._deadline_reached(now)
+            elif unattached is not None and now.wall >= unattached:
+                self._begin_stop("no trainer attached to save", EXIT_SAVE_MISSED, now)
+            elif self.mode is Mode.RUNNING and self.plan is not None and now.wall >= self.plan.signal_at:
+                self._request_save("deadline", now)
+
+    def _take(self) -> list[Action]:
+        actions, self._out = self._out, []
+        return actions
+
+    def _log(self, level: Level, event: str, **fields: Any) -> None:
+        self._out.append(Log(level, event, fields))
+
+    # ------------------------------------------------------------------ child and trainers
+    def _on_child_started(self, event: ChildStarted, now: Now) -> None:
+        self.child_pid = event.pid
+        self._log("info", ev.CHILD_STARTED, pid=event.pid, argv=list(event.argv))
+
+    def _on_hello(self, event: Hello, now: Now) -> None:
+        if event.wants_signal and not event.descendant:
+            # we only ever signal our own tree; relayed processes say signal=false
+            self._log("warning", ev.TRAINER_REJECTED, pid=event.pid, reason="not a descendant of esiwrap")
+            return
+        self.trainers[event.pid] = Trainer(
+            pid=event.pid, rank=event.rank, saves=event.saves, signal=event.wants_signal,
+            stop_signal=event.stop_signal, attached_at=now.wall,
+        )
+        self._log("info", ev.TRAINER_ATTACHED, pid=event.pid, **event.fields)
+        self.obs.trainer_started(now.wall)
+        request = self.request
+        if request is not None and not self.config.signal_child and event.wants_signal \
+                and event.pid not in request.signalled:
+            self._signal([event.pid])  # a save is due: this trainer joins it at once
+        self._replan(now)
+
+    def _on_trainer_gone(self, event: TrainerGone, now: Now) -> None:
+        if self.trainers.pop(event.pid, None) is not None and self.request is not None:
+            self._check_acknowledged(self.request, now)  # it may have been the last one to wait for
+
+    def _on_child_exited(self, event: ChildExited, now: Now) -> None:
+        self.child_status = event.code if event.code is not None else 128 + event.signum
+        fields: dict[str, Any] = {"pid": event.pid, "code": event.code, "signal": event.signal}
+        if event.signal == "SIGKILL" and self.stop is None:
+            fields["hint"] = "killed by SIGKILL: out of memory?"
+        self._log("info", ev.CHILD_EXITED, **fields)
+        self.trainers.pop(event.pid, None)
+        if self.stop is None:
+            self._begin_stop("child exited", None, now)
+
+    def _on_tree_checked(self, event: TreeChecked, now: Now) -> None:
+        stop = self.stop
+        if stop is None or self.child_status is None:
+            return
+        if event.remaining == 0:
+            self._exit(stop.reason, now)
+        elif not stop.leftovers_signalled:
+            stop.leftovers_signalled = True
+            self._out.append(TermLeftovers())
+
+    # ------------------------------------------------------------------ trainer messages
+    def _on_step(self, event: Step, now: Now) -> None:
+        if event.pid != self._timing_pid():
+            return
+        interval = self.obs.record_step(event.step, event.duration_s, now.wall)
+        self._log("debug", ev.STEP_OBSERVED, step=event.step, duration_s=_round(interval))
+        self._replan(now)
+
+    def _on_save_begin(self, event: SaveBegin, now: Now) -> None:
+        request = self.request
+        if request is None:
+            self._log("info", ev.SAVE_STARTED, step=event.step, pid=event.pid, requested=False)
+            return
+        first = not request.begun
+        request.begun[event.pid] = event.step
+        if first:
+            request.save_started_mono = now.mono
+            self._log("info", ev.SAVE_STARTED, step=event.step, pid=event.pid, requested=True)
+
+    def _on_save_end(self, event: SaveEnd, now: Now) -> None:
+        if not event.ok:
+            self._log("error", ev.SAVE_FAILED, step=event.step, pid=event.pid, error=event.error)
+            return  # the trainer keeps its flag and tries again at the next boundary
+        request = self.request
+        if request is None:
+            self.obs.record_save(event.duration_s)
+            self._save_completed_log(event.step, [event], now, requested=False)
+            self.last_saved_step = event.step
+            return
+        request.done[event.pid] = event
+        self._check_acknowledged(request, now)
+
+    def _check_acknowledged(self, request: SaveRequest, now: Now) -> None:
+        savers = {t.pid for t in self.trainers.values() if t.saves}
+        # No saver left (e.g. --signal-child with a trainer that only reports saves): any report does.
+        if request.done and (savers <= set(request.done) or not savers):
+            self._acknowledged(request, now)
+
+    def _acknowledged(self, request: SaveRequest, now: Now) -> None:
+        messages = list(request.done.values())
+        self.obs.record_requested_save(max(m.duration_s for m in messages), now.wall)
+        self.any_save_completed = True
+        self.request = None
+        step = max(m.step for m in messages)
+        self.last_saved_step = step
+        self._save_completed_log(step, messages, now, requested=True, kind=request.kind)
+        if self.mode is Mode.DRAINING:
+            self._ack_until = None
+            self._begin_stop(f"checkpoint complete after {request.reason}", EXIT_CHECKPOINTED, now)
+            return
+        if self.mode is Mode.SAVE_REQUESTED:
+            self.mode = Mode.RUNNING
+        if request.reason == "manual":
+            return  # a save by hand changes nothing in the plan
+        self.saves_done += 1
+        self.plan = None
+        self._logged_signal_at = None  # the next plan is a new save: always log it
+        self._replan(now)
+
+    def _save_completed_log(
+        self, step: int, messages: list[SaveEnd], now: Now, *, requested: bool, kind: str = ""
+    ) -> None:
+        paths = sorted({m.path for m in messages if m.path})
+        self._log(
+            "info", ev.SAVE_COMPLETED, step=step, requested=requested, kind=kind or None,
+            duration_s=_round(max(m.duration_s for m in messages)),
+            path=paths[0] if len(paths) == 1 else (paths or None),
+            remaining_s=self._remaining(now),
+        )
+
+    # ------------------------------------------------------------------ signals to esiwrap
+    def _on_signal_received(self, event: SignalReceived, now: Now) -> None:
+        handler = getattr(self, "_handle_" + event.name.lower(), None)
+        if handler is not None:
+            handler(now)
+        else:
+            self._forward(event.name)
+
+    def _handle_sigint(self, now: Now) -> None:
+        self._sigints += 1
+        if self._sigints >= 2:
+            self._log("warning", ev.CHILD_STOPPING, signal="SIGKILL", grace_s=0, reason="second SIGINT")
+            self._begin_stop("interrupted twice", None, now, immediate=True)
+        else:
+            self._forward("SIGINT")
+
+    def _handle_sigterm(self, now: Now) -> None:
+        if self.config.on_sigterm == "forward" or self.stop is not None:
+            self._forward("SIGTERM")
+            return
+        if self.mode is Mode.DRAINING:
+            return  # already turning a SIGTERM into a checkpoint
+        self._out.append(NotifyStopping())
+        saved = self._progress_is_saved()
+        if saved or not self._signal_targets():
+            self._begin_stop("SIGTERM", EXIT_CHECKPOINTED if saved else None, now)
+            return
+        self._drain(now)
+        if self.request is None:
+            self._request_save("sigterm", now)
+        else:
+            self.request.reason = "sigterm"
+
+    def _handle_sigusr1(self, now: Now) -> None:
+        if self.mode in (Mode.RUNNING, Mode.CONTINUING) and self.request is None:
+            self._request_save("manual", now)
+
+    def _handle_sigchld(self, now: Now) -> None:
+        """Reaping is the shell's; it reports what it found as ChildExited."""
+
+    def _forward(self, name: str) -> None:
+        if self.child_pid is not None and self.child_status is None:
+            self._out.append(SendSignal((self.child_pid,), name))
+
+    # ------------------------------------------------------------------ deadline
+    def _on_deadline_answers(self, event: DeadlineAnswers, now: Now) -> None:
+        self.deadline_pending = False
+        for answer in event.answers:
+            if answer.deadline is not None:
+                self._known[answer.source] = answer.deadline
+                self._unavailable.pop(answer.source, None)
+            elif self._unavailable.get(answer.source) != answer.reason:
+                self._unavailable[answer.source] = answer.reason
+                level: Level = "info" if answer.expected else "warning"
+                self._log(level, ev.DEADLINE_UNAVAILABLE, source=answer.source, reason=answer.reason)
+        new = winner(Answer(d.source, deadline=d) for d in self._known.values())
+        if new is not None:
+            self._set_deadline(new, now)
+
+    def _set_deadline(self, new: Deadline, now: Now) -> None:
+        old = self.deadline
+        if old is not None and abs(old.at - new.at) < DEADLINE_CHANGE_S:
+            return
+        self.deadline = new
+        if old is None:
+            self._log("info", ev.DEADLINE_RESOLVED, source=new.source, deadline=new.iso(),
+                      remaining_s=_round(new.at - now.wall), raw=new.raw, lead_s=new.lead_s, **new.detail)
+        else:
+            self._log("warning", ev.DEADLINE_CHANGED, old=old.iso(), new=new.iso(), source=new.source,
+                      remaining_s=_round(new.at - now.wall), raw=new.raw)
+        later = old is None or new.at > old.at
+        if self.mode is Mode.CONTINUING and later:
+            self.mode, self.saves_done = Mode.RUNNING, 0  # a renewal: plan against it afresh
+        elif old is not None and later and self._renewal_fits_insurance(new.at, now):
+            self.saves_done, self.plan = 0, None  # renewed after a save: insure the new stretch too
+            self._warned_too_close = False
+        if new.at <= now.wall and self.mode in (Mode.RUNNING, Mode.SAVE_REQUESTED):
+            self._deadline_already_passed(now)
+            return
+        self._replan(now)
+
+    def _renewal_fits_insurance(self, deadline: float, now: Now) -> bool:
+        """A later deadline while running, after a save: is there room for a new insurance save?"""
+        if self.mode is not Mode.RUNNING or self.saves_done == 0:
+            return False
+        return renewal_reopens_insurance(deadline, self.obs, self.config.policy, now.wall)
+
+    def _deadline_already_passed(self, now: Now) -> None:
+        """Learned too late: save at once if anything can, give it --stop-grace, then stop."""
+        self._log("warning", ev.DEADLINE_TOO_CLOSE, remaining_s=self._remaining(now), needed_s=None,
+                  action="save now, then stop")
+        if self.request is None:
+            self._request_save("deadline", now)
+        if self.mode is Mode.SAVE_REQUESTED:
+            self._drain(now)
+
+    def _deadline_reached(self, now: Now) -> None:
+        if self.any_save_completed:
+            self._begin_stop("deadline reached", EXIT_CHECKPOINTED, now)
+            return
+        self._log("error", ev.SAVE_MISSED, remaining_s=self._remaining(now))
+        self._begin_stop("deadline passed without an acknowledged save", EXIT_SAVE_MISSED, now)
+
+    # ------------------------------------------------------------------ planning
+    def _replan(self, now: Now) -> None:
+        if self.mode is not Mode.RUNNING or self.deadline is None:
+            return
+        plan = replan(self.deadline.at, self.obs, self.config.policy, self.saves_done, self.plan, now.wall)
+        if plan is None:
+            self._no_further_save(now)
+            return
+        self.plan = plan
+        if self.saves_done == 0 and plan.signal_at <= now.wall and not self._warned_too_close:
+            self._warned_too_close = True
+            self._log("warning", ev.DEADLINE_TOO_CLOSE, remaining_s=self._remaining(now),
+                      needed_s=_round(needed_s(plan)))
+        # The log shows the plan while steps keep their usual length; the timer may come earlier
+        # when a step runs long, and that is logged when the signal is sent.
+        if moved_enough(self._logged_signal_at, plan.nominal_at):
+            self._logged_signal_at = plan.nominal_at
+            self._log(
+                "info", ev.SAVE_SCHEDULED, kind=plan.kind, signal_at=iso_utc(plan.nominal_at),
+                in_s=_round(plan.nominal_at - now.wall), step_estimate_s=_round(plan.step_estimate_s),
+                save_estimate_s=_round(plan.save_estimate_s), reserve_s=_round(plan.reserve_s),
+            )
+
+    def _no_further_save(self, now: Now) -> None:
+        self.plan = None
+        if self.config.after_save == "stop":
+            self._begin_stop("checkpoint complete", EXIT_CHECKPOINTED, now)
+        else:
+            self.mode = Mode.CONTINUING
+            self._log("info", ev.TRAINING_CONTINUES, reason="--after-save continue")
+
+    def _request_save(self, reason: str, now: Now) -> None:
+        targets = self._signal_targets()
+        if not targets and reason == "manual":
+            self._log("warning", ev.NO_TRAINER_ATTACHED, action="ignored", reason=reason)
+            return
+        plan = self.plan if reason == "deadline" else None
+        kind = plan.kind if plan is not None else reason
+        self.request = SaveRequest(reason=reason, kind=kind, requested_at=now.wall)
+        if self.mode is Mode.RUNNING:  # a save by hand while continuing keeps continuing
+            self.mode = Mode.SAVE_REQUESTED
+        planned = {} if plan is None else {  # the plan as it stood when it fired (for `esiwrap report`)
+            "planned_at": iso_utc(plan.signal_at), "step_estimate_s": _round(plan.step_estimate_s),
+            "save_estimate_s": _round(plan.save_estimate_s),
+        }
+        self._log("info", ev.SAVE_REQUESTED, reason=reason, kind=kind, remaining_s=self._remaining(now),
+                  signal=self.config.save_signal, pids=targets, **planned)
+        if targets:
+            self._signal(targets)
+        else:
+            # Nothing registered (yet): a trainer that attaches in time is signalled at once;
+            # otherwise the child is stopped gracefully, --stop-grace before the deadline.
+            at = self._unattached_stop_at()
+            self._log("warning", ev.NO_TRAINER_ATTACHED, action="stop",
+                      stop_at=iso_utc(at) if at is not None else None)
+
+    def _signal(self, pids: list[int]) -> None:
+        assert self.request is not None
+        self.request.signalled.update(pids)
+        self._out.append(SendSignal(tuple(pids), self.config.save_signal))
+
+    def _unattached_stop_at(self) -> float | None:
+        """A save is due but nothing took the signal: the latest graceful stop, --stop-grace before
+        the deadline; if that had passed when the save was asked for, a trainer may still attach
+        and save up to the deadline itself."""
+        request = self.request
+        if self.mode is not Mode.SAVE_REQUESTED or request is None or self.deadline is None:
+            return None
+        if request.signalled:
+            return None
+        graceful = self.deadline.at - self.config.stop_grace_s
+        return graceful if graceful > request.requested_at else self.deadline.at
+
+    def _signal_targets(self) -> list[int]:
+        if self.config.signal_child:
+            return [self.child_pid] if self.child_pid is not None and self.child_status is None else []
+        return [t.pid for t in self.trainers.values() if t.signal]
+
+    def _timing_pid(self) -> int | None:
+        trainers = sorted(self.trainers.values(), key=lambda t: (t.rank, t.attached_at))
+        return trainers[0].pid if trainers else None
+
+    def _progress_is_saved(self) -> bool:
+        """A completed save holds the latest step: nothing would be gained by another."""
+        return self.last_saved_step is not None and self.last_saved_step >= (self.obs.last_step or 0)
+
+    # ------------------------------------------------------------------ draining
+    def _drain(self, now: Now) -> None:
+        """Stop once the outstanding save is acknowledged; wait for it up to --stop-grace."""
+        self.mode = Mode.DRAINING
+        self._ack_until = now.mono + self.config.stop_grace_s
+        self._extend_stop_timeout(now)
+
+    def _ack_wait_over(self, now: Now) -> None:
+        """--stop-grace after a SIGTERM (or a deadline learned too late) is over."""
+        request = self.request
+        if request is not None and request.save_started_mono is not None:
+            # A save is being written: do not kill it while it can still finish in time.
+            limit = request.save_started_mono + max(
+                self.config.stop_grace_s,
+                SAVE_WRITE_GRACE_FACTOR * save_estimate_s(self.obs, self.config.policy),
+            )
+            if self.deadline is not None:  # never past the deadline: the capacity is gone then
+                limit = min(limit, now.mono + self.deadline.at - now.wall)
+            if now.mono < limit:
+                self._ack_until = limit
+                self._log("info", ev.STOP_EXTENDED, until_s=_round(limit - now.mono),
+                          reason="save in progress")
+                self._extend_stop_timeout(now)
+                return
+        self._ack_until = None
+        self._log("warning", ev.SAVE_MISSED, remaining_s=self._remaining(now),
+                  reason="no acknowledgement within --stop-grace")
+        if self._progress_is_saved():
+            self._begin_stop("stop requested, latest step already saved", EXIT_CHECKPOINTED, now)
+        elif self.deadline is not None and now.wall >= self.deadline.at:
+            self._begin_stop("deadline passed without an acknowledged save", EXIT_SAVE_MISSED, now)
+        else:
+            self._begin_stop("SIGTERM", None, now)
+
+    def _extend_stop_timeout(self, now: Now) -> None:
+        """While a service manager stops us: ask for the time the checkpoint and the stop need."""
+        if self.mode is Mode.DRAINING and self._ack_until is not None:
+            until = self._ack_until + self.config.stop_grace_s  # the save, then the child's stop grace
+        elif self.mode is Mode.STOPPING and self.stop is not None:
+            until = self.stop.until
+        else:
+            return
+        self._out.append(ExtendStopTimeout(until - now.mono + KILL_WAIT_S + STOP_TIMEOUT_MARGIN_S))
+
+    # ------------------------------------------------------------------ stopping
+    def _begin_stop(self, reason: str, exit_status: int | None, now: Now, *, immediate: bool = False) -> None:
+        if self.stop is not None:
+            if immediate and self.mode is Mode.STOPPING:
+                self._kill(now)
+            return
+        self.mode = Mode.STOPPING
+        self.plan = None
+        self._ack_until = None
+        self.stop = StopState(reason, exit_status, until=now.mono + self.config.stop_grace_s)
+        self._out.append(NotifyStopping())
+        self._extend_stop_timeout(now)
+        if self.child_status is not None:
+            return  # the child is gone already: the tree check decides when we are done
+        if immediate:
+            self._out.append(StopChild(None))
+            self._kill(now)
+            return
+        signal = self._stop_signal()
+        self._log("info", ev.CHILD_STOPPING, signal=signal, grace_s=self.config.stop_grace_s, reason=reason)
+        self._out.append(StopChild(signal))
+
+    def _stop_signal(self) -> str:
+        trainer = self.trainers.get(self.child_pid) if self.child_pid is not None else None
+        if trainer is not None and trainer.stop_signal is not None:
+            return trainer.stop_signal
+        return self.config.stop_signal
+
+    def _kill(self, now: Now) -> None:
+        assert self.stop is not None
+        self.mode = Mode.KILLING
+        self.stop.until = now.mono + KILL_WAIT_S
+        self._out.append(KillTree())
+
+    def _stop_timer(self, now: Now) -> None:
+        stop = self.stop
+        if stop is None or now.mono < stop.until:
+            return
+        if self.mode is Mode.STOPPING:
+            self._kill(now)
+        else:
+            self._exit(stop.reason + " (processes survived SIGKILL)", now)
+
+    def _exit(self, reason: str, now: Now) -> None:
+        stop = self.stop
+        assert stop is not None
+        if stop.exit_status is not None:
+            code = stop.exit_status
+        else:
+            code = self.child_status if self.child_status is not None else EXIT_FAILURE
+        self._exited = True
+        self._out.append(Exit(code, reason))
+
+    # ------------------------------------------------------------------ facts for people
+    def _remaining(self, now: Now) -> float | None:
+        return _round(self.deadline.at - now.wall) if self.deadline is not None else None
+
+    def current_step_estimate_s(self) -> float | None:
+        return step_estimate_s(self.obs, self.config.policy)
+
+
+def _round(value: float) -> float | None:
+    """Three decimals for the log; None instead of a value JSON cannot carry (NaN, inf)."""
+    return round(value, 3) if math.isfinite(value) else None
+
+
+def _snake(name: str) -> str:
+    return "".join("_" + c.lower() if c.isupper() else c for c in name).lstrip("_")

@@ -1,0 +1,229 @@
+"""The decision core, driven by events with a fake clock: what it asks the shell to do, and when."""
+
+from __future__ import annotations
+
+import pytest
+from controller_driver import CHILD, Driver, exits, logs, signals
+
+from esiwrap import controller as core
+from esiwrap.controller import ControllerConfig, Mode
+from esiwrap.errors import EXIT_CHECKPOINTED, EXIT_SAVE_MISSED
+from esiwrap.policy import PolicyConfig
+from esiwrap.report import epoch
+
+QUICK = PolicyConfig(redundant_s=4.0, save_duration_s=1.0, final_margin_s=2.0)
+
+
+def test_final_save_is_logged_even_close_to_the_insurance_moment() -> None:
+    """The final save's moment is under 5 s from the insurance save's: it is still logged (a new
+    save always is), while re-plans of one save stay thinned out."""
+    d = Driver(ControllerConfig(policy=QUICK))
+    d.hello()
+    d.steps(1, 3, 1.0)
+    d.deadline(30.0)
+    d.steps(4, 25, 1.0)  # the insurance signal goes out 6 s before the deadline
+    request = d.controller.request
+    assert request is not None and request.kind == "insurance"
+    d.save(28, 0.1)
+    scheduled = logs(d.actions, "save_scheduled")
+    assert [e["kind"] for e in scheduled] == ["insurance", "final"]
+    moments = [epoch(e["signal_at"]) for e in scheduled]
+    assert 0 < moments[1] - moments[0] < 5.0
+
+
+def test_save_scheduled_names_its_slack_reserve_s() -> None:
+    """The insurance save's slack is --redundant-time, a final save's --final-margin: both are
+    logged as reserve_s (one name for one value), never as redundant_s."""
+    d = Driver(ControllerConfig(policy=QUICK))
+    d.hello()
+    d.steps(1, 3, 1.0)
+    d.deadline(30.0)
+    d.steps(4, 25, 1.0)
+    d.save(28, 0.1)
+    scheduled = logs(d.actions, "save_scheduled")
+    assert [e["reserve_s"] for e in scheduled] == [4.0, 2.0]
+    assert all("redundant_s" not in e for e in scheduled)
+
+
+@pytest.mark.parametrize("signal", ["SIGUSR1", "SIGTERM"])
+def test_save_requested_without_a_deadline_logs_remaining_as_null(signal: str) -> None:
+    """No deadline known: remaining_s is None (JSON null), never NaN, which strict JSON refuses."""
+    d = Driver()
+    d.hello()
+    d.steps(1, 2, 1.0)
+    d.feed(core.SignalReceived(signal))
+    [requested] = logs(d.actions, "save_requested")
+    assert requested["remaining_s"] is None
+    d.save(2, 0.5)
+    [completed] = logs(d.actions, "save_completed")
+    assert completed["remaining_s"] is None
+
+
+def test_signal_child_never_signals_a_trainer_that_attaches_during_a_save() -> None:
+    """With --signal-child only the direct child gets the save signal, also when another process
+    says hello while a save is outstanding."""
+    d = Driver(ControllerConfig(signal_child=True))
+    d.feed(core.SignalReceived("SIGUSR1"))
+    assert [s.pids for s in signals(d.actions)] == [(CHILD,)]
+    d.hello(pid=5000)
+    assert [s.pids for s in signals(d.actions)] == [(CHILD,)]
+
+
+def test_a_trainer_attaching_during_a_save_is_signalled_at_once() -> None:
+    """Without --signal-child, a trainer that says hello while a save is due joins it."""
+    d = Driver()
+    d.hello()
+    d.feed(core.SignalReceived("SIGUSR1"))
+    d.hello(pid=5000)
+    assert [s.pids for s in signals(d.actions)] == [(CHILD,), (5000,)]
+
+
+def test_no_busy_wait_for_an_acknowledgement_past_the_deadline() -> None:
+    """SIGTERM shortly before the deadline; the checkpoint is still being written when the deadline
+    passes. Until the wait for it ends, the next timer stays in the future (the loop sleeps)."""
+    d = Driver(ControllerConfig(stop_grace_s=30.0))
+    d.hello()
+    d.deadline(10.0)
+    d.steps(1, 3, 1.0)
+    d.feed(core.SignalReceived("SIGTERM"))
+    d.feed(core.SaveBegin(CHILD, 3))
+    d.wall += 12.0  # past the deadline, without any timer firing on the way
+    d.mono += 12.0
+    d.controller.tick(d.now)
+    assert d.controller.mode is Mode.DRAINING
+    wait = d.controller.wake_at(d.now)
+    assert wait is not None and wait == pytest.approx(30.0 - 12.0)
+    d.feed(core.SaveEnd(CHILD, 3, duration_s=12.0, path="/ckpt"))
+    assert d.controller.mode is Mode.STOPPING
+    assert d.controller.stop is not None and d.controller.stop.exit_status == EXIT_CHECKPOINTED
+
+
+def test_renewal_after_a_save_plans_a_new_insurance_save() -> None:
+    """Saved once; renewed by two hours: an insurance save is planned against the new deadline."""
+    d = Driver()
+    d.hello()
+    d.steps(1, 3, 10.0)
+    d.deadline(300.0, source="volcengine")
+    d.advance(120.0)
+    assert d.controller.request is not None
+    d.save(3, 5.0)
+    assert d.controller.saves_done == 1
+    d.deadline(7500.0, source="volcengine", raw="renewed")
+    assert d.controller.saves_done == 0
+    assert d.controller.plan is not None and d.controller.plan.kind == "insurance"
+    assert logs(d.actions, "deadline_changed")[-1]["raw"] == "renewed"
+
+
+def test_small_later_move_keeps_the_final_plan() -> None:
+    """Moved later by less than an insurance save needs: the final save's plan just moves."""
+    d = Driver()
+    d.hello()
+    d.steps(1, 3, 10.0)
+    d.deadline(200.0, source="volcengine")
+    d.advance(15.0)  # the insurance signal: 200 - (10 + 60 + 120) s from the start
+    d.save(3, 40.0)  # measured: an insurance save now needs 10 + 50 + 120 s
+    assert d.controller.plan is not None and d.controller.plan.kind == "final"
+    before = d.controller.plan.signal_at
+    old = d.controller.deadline
+    assert old is not None
+    d.deadline(old.at + 30.0 - d.wall, source="volcengine")  # 30 s later: 175 s left
+    assert d.controller.saves_done == 1
+    assert d.controller.plan is not None and d.controller.plan.kind == "final"
+    assert d.controller.plan.signal_at > before
+
+
+def test_a_requested_save_stays_requested_through_a_renewal() -> None:
+    d = Driver()
+    d.hello()
+    d.steps(1, 3, 10.0)
+    d.deadline(100.0, source="volcengine")
+    request = d.controller.request
+    assert request is not None
+    d.deadline(7200.0, source="volcengine")
+    assert d.controller.request is request
+    assert d.controller.mode is Mode.SAVE_REQUESTED
+
+
+def test_too_close_is_warned_again_after_a_renewal() -> None:
+    """A deadline too close is warned once; after a save and a renewal that re-opens insurance, a
+    spot notice that is too close again is warned again (the warning belongs to one deadline)."""
+    d = Driver()
+    d.hello()
+    d.steps(1, 3, 10.0)
+    d.deadline(60.0, source="volcengine")
+    assert len(logs(d.actions, "deadline_too_close")) == 1
+    d.save(3, 2.0)
+    d.deadline(7200.0, source="volcengine")
+    assert d.controller.plan is not None and d.controller.plan.kind == "insurance"
+    d.deadline(30.0, source="volcengine-spot")
+    assert len(logs(d.actions, "deadline_too_close")) == 2
+
+
+def test_a_deadline_learned_after_it_passed_saves_now_then_stops() -> None:
+    d = Driver(ControllerConfig(stop_grace_s=20.0))
+    d.hello()
+    d.steps(1, 2, 5.0)
+    d.deadline(-3.0)
+    assert logs(d.actions, "deadline_too_close")[0]["action"] == "save now, then stop"
+    assert d.controller.mode is Mode.DRAINING
+    assert signals(d.actions)[-1].signal == "SIGUSR1"
+    d.save(2, 1.0)
+    assert d.controller.stop is not None and d.controller.stop.exit_status == EXIT_CHECKPOINTED
+
+
+def test_nobody_to_save_stops_gracefully_before_the_deadline_with_76() -> None:
+    """A save is due and no trainer ever attached: stop --stop-grace before the deadline, exit 76."""
+    d = Driver(ControllerConfig(stop_grace_s=10.0))
+    d.deadline(300.0)
+    d.advance(200.0)
+    assert logs(d.actions, "no_trainer_attached")[0]["action"] == "stop"
+    assert d.controller.wake_at(d.now) == pytest.approx(300.0 - 10.0 - 200.0)
+    d.advance(90.0)
+    assert d.controller.stop is not None
+    assert d.controller.stop.exit_status == EXIT_SAVE_MISSED
+
+
+@pytest.mark.parametrize(("code", "signum", "expected"), [(3, 0, 3), (None, 9, 137), (0, 0, 0)])
+def test_the_childs_own_end_is_esiwraps_exit_code(code: int | None, signum: int, expected: int) -> None:
+    d = Driver()
+    d.feed(core.ChildExited(CHILD, code, "SIGKILL" if signum else None, signum))
+    d.feed(core.TreeChecked(0))
+    assert [e.code for e in exits(d.actions)] == [expected]
+
+
+def test_second_sigint_kills_the_tree_at_once() -> None:
+    d = Driver()
+    d.feed(core.SignalReceived("SIGINT"))
+    assert [s.signal for s in signals(d.actions)] == ["SIGINT"]
+    d.feed(core.SignalReceived("SIGINT"))
+    assert any(isinstance(a, core.KillTree) for a in d.actions)
+    assert d.controller.mode is Mode.KILLING
+
+
+def test_a_save_being_written_is_waited_for_only_up_to_the_deadline() -> None:
+    """SIGTERM 100 s before the deadline; the save begins and would run for many minutes. The wait
+    for it is extended while it is written, but never past the deadline: then esiwrap stops."""
+    d = Driver(ControllerConfig(policy=PolicyConfig(save_duration_s=600.0), stop_grace_s=30.0))
+    d.hello()
+    d.steps(1, 2, 1.0)
+    d.deadline(100.0)
+    d.feed(core.SignalReceived("SIGTERM"))
+    d.feed(core.SaveBegin(CHILD, 2))
+    d.advance(99.0)
+    assert d.controller.mode is Mode.DRAINING
+    assert logs(d.actions, "stop_extended")
+    d.advance(2.0)
+    assert d.controller.mode is Mode.STOPPING
+    assert logs(d.actions, "save_missed")
+
+
+def test_the_shells_wake_up_sockets_never_block() -> None:
+    """The watcher threads wake the loop with a byte on a socket: a full buffer must drop the
+    byte (the loop is awake anyway), never block the thread that asks a cloud API."""
+    from esiwrap.supervisor import Supervisor, SupervisorConfig
+
+    sup = Supervisor(SupervisorConfig(argv=["true"]), [], environ={})
+    try:
+        assert not sup._wake_w.getblocking() and not sup._signal_w.getblocking()
+    finally:
+        sup._close()
