@@ -410,9 +410,10 @@ def observe_settings(values: Mapping[str, Any], environ: Mapping[str, str]) -> A
     if status_file == "auto":
         status_file = statusfile.default_status_file(environ, os.getpid(), os.getuid())
         if status_file is None:
+            from esiwrap import events
             from esiwrap.log import get_logger
 
-            get_logger().warning("status_file_unavailable",
+            get_logger().warning(events.STATUS_FILE_UNAVAILABLE,
                                  looked_in=statusfile.candidate_dirs(environ, os.getuid()),
                                  fix="--status-file PATH in a writable directory")
     elif status_file == "none":

@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from esiwrap import __version__
+from esiwrap import events as ev
 from esiwrap.files import MirroredFile
 from esiwrap.log import get_logger
 from esiwrap.snapshot import Snapshot
@@ -65,7 +66,7 @@ class Observer:
             self.endpoint = HttpEndpoint(selector, settings.metrics_address, settings.metrics_port,
                                          self._page)
             host, port = self.endpoint.address
-            self.log.info("metrics_serving", url=self.endpoint.url + "/metrics", address=host, port=port)
+            self.log.info(ev.METRICS_SERVING, url=self.endpoint.url + "/metrics", address=host, port=port)
 
     # ------------------------------------------------------------------ the loop's calls
     def update(self, snapshot: Snapshot, mono: float | None = None) -> None:
@@ -122,7 +123,7 @@ class Observer:
             error = f"{type(exc).__name__}: {exc.strerror or exc}"
             if self._failed.get(mirrored.path) != error:
                 self._failed[mirrored.path] = error
-                self.log.warning("observe_write_failed", path=mirrored.path, error=error)
+                self.log.warning(ev.OBSERVE_WRITE_FAILED, path=mirrored.path, error=error)
         else:
             self._failed.pop(mirrored.path, None)
 
