@@ -379,21 +379,26 @@ def _save_title(save: SaveMark) -> str:
 
 def _signal_marks(c: Canvas) -> None:
     """Each signal and exit as a mark, and each warning: marks closer than a few pixels share
-    one label; labels take the first of three rows where they overlap nothing."""
+    one label, right of the mark or else left of it, in the first row where it crosses no other
+    label and no other mark's line."""
     y0, y1 = c.lanes["signals"]
     rows = LabelRows(3)
     marks = [*c.facts.signals, *((at, "warning", name, "") for at, name in c.facts.warnings)]
+    for at, _, _, _ in marks:
+        rows.block(c.x(at))
     for cluster in _clusters(c, marks, 12.0):
         shapes = [_signal_shape(c.x(at), y0, y1, kind) for at, kind, _, _ in cluster]
         label = " · ".join(label for _, _, label, _ in cluster)
         x = c.x(cluster[0][0])
+        x_last = c.x(cluster[-1][0])
         color = COLORS.get(cluster[0][1], COLORS["stop"])
         width = len(label) * 6.0
-        anchor_end = x + 6 + width > WIDTH - 4
-        left = x - 6 - width if anchor_end else x + 6
-        row = rows.place(left, left + width)
-        text = _text(x - 6 if anchor_end else x + 6, y0 + 14 + row * 15, label, size=10, fill=color,
-                     anchor="end" if anchor_end else "start", cls="signal-label")
+        right = (x_last + 6, x_last + 6 + width)
+        left = (x - 6 - width, x - 6)
+        sides = [side for side in (right, left) if side[0] >= LEFT and side[1] <= WIDTH - 4] or [left]
+        row, (start, _) = rows.place_first([(r, side) for r in range(2) for side in sides] +
+                                           [(2, side) for side in sides])
+        text = _text(start, y0 + 14 + row * 15, label, size=10, fill=color, cls="signal-label")
         titles = "; ".join(f"{label}{f' ({detail})' if detail else ''} at {_clock(at, ms=True)}"
                            for at, _, label, detail in cluster)
         kinds = " ".join(sorted({f"signal-{kind}" for _, kind, _, _ in cluster}))
@@ -427,19 +432,36 @@ def _signal_shape(x: float, y0: float, y1: float, kind: str) -> str:
 
 
 class LabelRows:
-    """Rows of text labels: each label goes to the first row where it overlaps nothing."""
+    """Rows of text labels: a label goes where it overlaps no other label (with a gap) and
+    crosses no blocked x (a mark's line, which runs through every row)."""
+
+    GAP = 6.0
 
     def __init__(self, rows: int) -> None:
         self.rows: list[list[tuple[float, float]]] = [[] for _ in range(rows)]
+        self.blocked: list[float] = []
+
+    def block(self, x: float) -> None:
+        self.blocked.append(x)
+
+    def fits(self, row: int, left: float, right: float) -> bool:
+        return all(right + self.GAP < a or left - self.GAP > b for a, b in self.rows[row]) and \
+            not any(left - 1 <= x <= right + 1 for x in self.blocked)
 
     def place(self, left: float, right: float) -> int:
-        for index, taken in enumerate(self.rows):
-            if all(right + 6 < a or left - 6 > b for a, b in taken):
-                taken.append((left, right))
-                return index
-        fewest = min(range(len(self.rows)), key=lambda i: len(self.rows[i]))
-        self.rows[fewest].append((left, right))
-        return fewest
+        """The first row it fits in (else the row with the fewest labels); taken from now on."""
+        row, _ = self.place_first([(r, (left, right)) for r in range(len(self.rows))])
+        return row
+
+    def place_first(self, options: list[tuple[int, tuple[float, float]]]) -> tuple[int, tuple[float, float]]:
+        """The first (row, span) option that fits, else the first option's span in the row with
+        the fewest labels."""
+        chosen = next(((row, span) for row, span in options if self.fits(row, *span)), None)
+        if chosen is None:
+            fewest = min(range(len(self.rows)), key=lambda i: len(self.rows[i]))
+            chosen = (fewest, options[0][1])
+        self.rows[chosen[0]].append(chosen[1])
+        return chosen
 
 
 def _deadlines(c: Canvas) -> None:
