@@ -140,8 +140,10 @@ def wrap_overhead(repeat: int) -> dict[str, Any]:
         result = subprocess.run(commands["esiwrap"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                 text=True, env=child_env(), check=True)
         supervised.append(_log_span_s(result.stderr, "child_started", "supervisor_exit"))
+    ratio = statistics.median(times["esiwrap"]) / statistics.median(times["python"])
     return {"esiwrap_true_ms": spread(times["esiwrap"], 1000), "true_ms": spread(times["true"], 1000),
             "python_pass_ms": spread(times["python"], 1000), "added_ms": spread(added, 1000),
+            "ratio_to_python": round(ratio, 2),
             "child_started_to_exit_ms": spread(supervised, 1000),
             "cpu_ms": {name: spread(values, 1000) for name, values in cpu.items()}}
 
@@ -363,6 +365,9 @@ def markdown(r: dict[str, Any]) -> str:
         lines += [
             f"| `esiwrap -- true`, ms, median (p10, p90) of {wrap['added_ms']['n']} | "
             f"{_fmt(wrap['esiwrap_true_ms'])} | |",
+            f"| `esiwrap -- true` ÷ `python -c pass` (medians, same run) | {wrap['ratio_to_python']:.2f}× "
+            f"({wrap['esiwrap_true_ms']['median']:.1f} ms ÷ {wrap['python_pass_ms']['median']:.1f} ms) | "
+            f"≤ 80 ms |",
             f"| `true`, ms | {_fmt(wrap['true_ms'])} | |",
             f"| CPU time (user + system) of `esiwrap -- true`, ms; of `python -c pass` | "
             f"{_fmt(wrap['cpu_ms']['esiwrap'])}; {_fmt(wrap['cpu_ms']['python'])} | |",

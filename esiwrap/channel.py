@@ -28,7 +28,6 @@ import json
 import math
 import os
 import socket
-import tempfile
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -89,11 +88,31 @@ def decode(data: bytes) -> Message | None:
     return Message(type=obj["type"], pid=pid, fields=obj)
 
 
+def private_directory() -> str:
+    """A new directory only our user can enter, under $TMPDIR (else /tmp, /var/tmp): what
+    tempfile.mkdtemp does, without importing tempfile (it brings shutil and random along)."""
+    bases = [os.environ.get(name, "") for name in ("TMPDIR", "TEMP", "TMP")] + ["/tmp", "/var/tmp"]
+    error: OSError | None = None
+    for base in filter(None, bases):
+        for _ in range(10):
+            path = os.path.join(os.path.abspath(base), "esiwrap-" + os.urandom(6).hex())
+            try:
+                os.mkdir(path, 0o700)
+            except FileExistsError:
+                continue
+            except OSError as exc:  # not there, not writable: the next base
+                error = exc
+                break
+            return path
+    msg = f"no writable directory for the trainer channel ($TMPDIR, /tmp, /var/tmp): {error}"
+    raise OSError(msg)
+
+
 class ChannelServer:
     """The supervisor's end: a bound datagram socket in a private directory."""
 
     def __init__(self) -> None:
-        self._dir = tempfile.mkdtemp(prefix="esiwrap-")  # mode 0700: only our user can send
+        self._dir = private_directory()  # mode 0700: only our user can send
         self.path = os.path.join(self._dir, "channel.sock")
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self._sock.bind(self.path)

@@ -13,7 +13,6 @@ import json
 import math
 import os
 import shlex
-import shutil
 import signal
 import sys
 import time
@@ -35,6 +34,7 @@ from esiwrap.deadline.registry import (
 from esiwrap.errors import (
     EXIT_FAILURE,
     EXIT_NO_DEADLINE,
+    EXIT_NOT_RUNNING,
     EXIT_OK,
     EXIT_USAGE,
     EsiwrapError,
@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from esiwrap.deadline import Deadline
     from esiwrap.integrations.ray_nodes import NodeAnswers
 
-SUBCOMMANDS = ("deadline", "report", "systemd-unit")
+SUBCOMMANDS = ("deadline", "report", "status", "systemd-unit")
 COMMAND_ENV = "ESIWRAP_COMMAND"  # the command when none follows `--` (systemd environment files)
 LOG_FILE_ENV = "ESIWRAP_LOG_FILE"
 SAVE_SIGNALS = ("SIGUSR1", "SIGUSR2")
@@ -271,10 +271,54 @@ LOG_OPTIONS = (
            "least severe level written", ("debug", "info", "warning", "error")),
 )
 
+def _port(text: str) -> int:
+    value = int(text.strip())
+    if not 0 <= value <= 65535:
+        msg = "must be 0..65535 (0: any free port)"
+        raise ValueError(msg)
+    return value
+
+
+def _address(text: str) -> str:
+    from esiwrap.endpoint import parse_address
+
+    return parse_address(text)
+
+
+def _file_in_existing_dir(text: str) -> str:
+    path = os.path.abspath(os.path.expanduser(text.strip()))
+    directory = os.path.dirname(path)
+    if not os.path.isdir(directory):
+        msg = f"directory {directory} does not exist; create it or choose another path"
+        raise ValueError(msg)
+    if os.path.isdir(path):
+        msg = "is a directory; give a file path"
+        raise ValueError(msg)
+    return path
+
+
+def _status_file(text: str) -> str:
+    if text.strip().lower() in ("auto", "none"):
+        return text.strip().lower()
+    return _file_in_existing_dir(text)
+
+
+OBSERVE_OPTIONS = (
+    Option("--metrics-file", _file_in_existing_dir, None, "/var/lib/node_exporter/textfile/esiwrap.prom",
+           "write Prometheus metrics here on every change (node_exporter textfile collector)"),
+    Option("--metrics-port", _port, None, "9478",
+           "serve Prometheus metrics on this TCP port (0: any free port; see metrics_serving)"),
+    Option("--metrics-address", _address, "127.0.0.1", "0.0.0.0",
+           "address the metrics port listens on (0.0.0.0 or :: for every interface)"),
+    Option("--status-file", _status_file, "auto", "/run/esiwrap/job.json",
+           "where `esiwrap status` finds this run (auto: a per-user runtime directory; none: no file)"),
+)
+
+ALL_RUN_OPTIONS = SOURCE_OPTIONS + RUN_OPTIONS + LOG_OPTIONS + OBSERVE_OPTIONS
 BOOLEAN_FLAGS = {"--final-save", "--signal-child"}
 # Every long option of a run, and whether it takes a value (the splitter must know).
 _RUN_FLAGS: dict[str, bool] = {
-    **{opt.flag: opt.flag not in BOOLEAN_FLAGS for opt in SOURCE_OPTIONS + RUN_OPTIONS + LOG_OPTIONS},
+    **{opt.flag: opt.flag not in BOOLEAN_FLAGS for opt in ALL_RUN_OPTIONS},
     **{"--no-" + flag[2:]: False for flag in BOOLEAN_FLAGS},
     "--help": False, "--version": False,
 }
@@ -285,8 +329,31 @@ def fail(message: str, code: int = EXIT_USAGE) -> NoReturn:
     raise SystemExit(code)
 
 
+class _Formatter(argparse.HelpFormatter):
+    """argparse's help layout, sized without importing shutil: argparse builds a formatter for
+    every option it adds, and shutil brings the compression modules along (start-up time)."""
+
+    def __init__(self, prog: str) -> None:
+        super().__init__(prog, width=_terminal_columns() - 2)
+
+
+def _terminal_columns() -> int:
+    try:
+        return max(40, int(os.environ.get("COLUMNS", "")))
+    except ValueError:
+        pass
+    try:
+        return max(40, os.get_terminal_size(sys.stdout.fileno()).columns)
+    except (OSError, ValueError, AttributeError):
+        return 80
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse, but errors are one line and exit 2."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _Formatter)
+        super().__init__(**kwargs)
 
     def error(self, message: str) -> NoReturn:
         fail(f"{message}; see esiwrap --help")
@@ -342,14 +409,15 @@ def _reason(exc: BaseException) -> str:
 def build_run_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="esiwrap",
-        usage="esiwrap [OPTIONS] -- COMMAND [ARGS...]\n       esiwrap {deadline,report,systemd-unit} ...",
+        usage="esiwrap [OPTIONS] -- COMMAND [ARGS...]\n"
+        "       esiwrap {deadline,report,status,systemd-unit} ...",
         description="Run COMMAND and checkpoint it at the last safe moment before the capacity it "
         "runs on is reclaimed. Exit codes: the child's own; 75 stopped after a completed "
         "checkpoint; 76 no acknowledged checkpoint before the deadline; 2 usage; 126/127 command "
         "not executable/not found; 1 esiwrap failed.",
     )
     parser.add_argument("--version", action="version", version=f"esiwrap {__version__}")
-    _add_options(parser, SOURCE_OPTIONS + RUN_OPTIONS + LOG_OPTIONS)
+    _add_options(parser, ALL_RUN_OPTIONS)
     parser.add_argument("command", nargs=argparse.REMAINDER, help="the training command")
     return parser
 
@@ -413,6 +481,27 @@ def supervisor_config(command: Sequence[str], values: Mapping[str, Any], run_id:
     )
 
 
+def observe_settings(values: Mapping[str, Any], environ: Mapping[str, str]) -> Any:
+    """What `esiwrap.observe.Observer` needs: the status file resolved to a path (or None)."""
+    from esiwrap import statusfile
+    from esiwrap.observe import ObserveSettings
+
+    status_file = values["status_file"]
+    if status_file == "auto":
+        status_file = statusfile.default_status_file(environ, os.getpid(), os.getuid())
+        if status_file is None:
+            from esiwrap import events
+            from esiwrap.log import get_logger
+
+            get_logger().warning(events.STATUS_FILE_UNAVAILABLE,
+                                 looked_in=statusfile.candidate_dirs(environ, os.getuid()),
+                                 fix="--status-file PATH in a writable directory")
+    elif status_file == "none":
+        status_file = None
+    return ObserveSettings(status_file=status_file, metrics_file=values["metrics_file"],
+                           metrics_port=values["metrics_port"], metrics_address=values["metrics_address"])
+
+
 def run(argv: Sequence[str], environ: Mapping[str, str]) -> int:
     args, command = split_run_argv(argv)
     ns = build_run_parser().parse_args(args)
@@ -420,10 +509,13 @@ def run(argv: Sequence[str], environ: Mapping[str, str]) -> int:
         command = _command_from_env(environ)
     if not command:
         fail("no command given; e.g. esiwrap --deadline +2h -- python train.py")
-    values = resolve_options(ns, SOURCE_OPTIONS + RUN_OPTIONS + LOG_OPTIONS, environ)
+    values = resolve_options(ns, ALL_RUN_OPTIONS, environ)
 
     from esiwrap import log
+    from esiwrap._console import resume_gc
     from esiwrap.supervisor import Supervisor
+
+    resume_gc()  # everything supervision needs is loaded
 
     log_label = "--log-file" if ns.log_file is not None else LOG_FILE_ENV
     log_file = values["log_file"]
@@ -436,7 +528,7 @@ def run(argv: Sequence[str], environ: Mapping[str, str]) -> int:
         fail(f"{log_label} {log_file!r}: cannot open it ({exc.strerror or exc}); choose a writable file")
     config = supervisor_config(command, values, run_id)
     sources = build_sources(values["sources"], source_settings(values), environ, time.time())
-    return Supervisor(config, sources, environ).run()
+    return Supervisor(config, sources, environ, observe=observe_settings(values, environ)).run()
 
 
 def deadline_command(argv: Sequence[str], environ: Mapping[str, str]) -> int:
@@ -667,16 +759,25 @@ def _refuse_mistyped_subcommand(word: str, environ: Mapping[str, str]) -> None:
     if word.startswith("-") or os.sep in word:
         return
     close = difflib.get_close_matches(word, SUBCOMMANDS, n=1, cutoff=0.6)
-    if close and shutil.which(word, path=environ.get("PATH", os.defpath)) is None:
+    if not close:
+        return
+    from esiwrap.process import which
+
+    if which(word, environ.get("PATH", os.defpath)) is None:
         fail(f"'{word}' is neither a subcommand nor a command on PATH; did you mean `{close[0]}`? "
              f"(a command goes after --, e.g. esiwrap -- python train.py)")
 
 
 def _subcommand(name: str, argv: Sequence[str], environ: Mapping[str, str]) -> int:
+    from esiwrap._console import resume_gc
+
+    resume_gc()
     if name == "deadline":
         return deadline_command(argv, environ)
     if name == "report":
         return report_command(argv)
+    if name == "status":
+        return status_command(argv, environ)
     if name == "systemd-unit":
         return systemd_unit_command(argv, environ)
     fail(f"'{name}' is not available in this version")
@@ -693,6 +794,9 @@ def build_report_parser() -> argparse.ArgumentParser:
                         "- (default) reads stdin")
     parser.add_argument("--json", action="store_true", help="one JSON object for machines")
     parser.add_argument("--last", action="store_true", help="only the last run in the log")
+    parser.add_argument("--html", metavar="OUT.html",
+                        help="write a self-contained page: each run's timeline picture and figures")
+    parser.add_argument("--svg", metavar="OUT.svg", help="write the timeline picture(s) as one SVG file")
     return parser
 
 
@@ -704,12 +808,101 @@ def report_command(argv: Sequence[str]) -> int:
         lines = report.open_log(ns.log)
     except OSError as exc:
         fail(f"{ns.log}: {exc.strerror or exc}; give a log file, or - for stdin")
-    runs, skipped = report.report(lines, last_only=ns.last)
-    if not runs:
+    events, skipped = report.run_events(lines, last_only=ns.last)
+    if not events:
         fail(f"{ns.log}: no esiwrap log lines in it ({skipped} other lines); "
              "from the journal use `journalctl -o cat -u esiwrap@JOB | esiwrap report -`")
+    if ns.html or ns.svg:
+        _write_timelines(ns, events, skipped)
+        if not ns.json:
+            return EXIT_OK
+    runs = [report.summarize(run) for run in events]
     print(report.to_json(runs, skipped) if ns.json else report.render_text(runs, skipped), end="")
     return EXIT_OK
+
+
+def _write_timelines(ns: argparse.Namespace, events: Sequence[Sequence[Any]], skipped: int) -> None:
+    from esiwrap import timeline
+
+    source = "standard input" if ns.log == "-" else os.path.abspath(ns.log)
+    outputs: list[tuple[str, str]] = []
+    if ns.svg:
+        outputs.append((ns.svg, timeline.render_svg(events)))
+    if ns.html:
+        outputs.append((ns.html, timeline.render_html(events, skipped, source)))
+    for path, text in outputs:
+        try:
+            with open(path, "w", encoding="utf-8") as out:
+                out.write(text)
+        except OSError as exc:
+            fail(f"{path}: {exc.strerror or exc}; give a writable path for the picture")
+        print(f"esiwrap: wrote {path} ({len(events)} run{'' if len(events) == 1 else 's'})", file=sys.stderr)
+
+
+def build_status_parser() -> argparse.ArgumentParser:
+    from esiwrap.statusfile import STATUS_FILE_ENV
+
+    parser = _Parser(prog="esiwrap status",
+                     description="What each running esiwrap knows now: the deadline and its source, the "
+                     "next planned save, the last checkpoint, the work at risk. Read from the status "
+                     "file each esiwrap keeps (see --status-file of a run). Exit 0 when one is running, "
+                     f"{EXIT_NOT_RUNNING} when none is.")
+    parser.add_argument("--json", action="store_true", help="one JSON object for scripts")
+    parser.add_argument("--oneline", action="store_true",
+                        help="one line per esiwrap (for a prompt or a status bar)")
+    parser.add_argument("--pid", type=_pid_arg, help="only the esiwrap with this pid")
+    parser.add_argument("--status-file", metavar="PATH",
+                        help=f"read this status file only [env {STATUS_FILE_ENV}]")
+    return parser
+
+
+def _pid_arg(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        msg = f"{text!r} is not a process id; e.g. --pid 4242"
+        raise argparse.ArgumentTypeError(msg)
+    return value
+
+
+def status_command(argv: Sequence[str], environ: Mapping[str, str]) -> int:
+    from esiwrap import status
+    from esiwrap.statusfile import STATUS_FILE_ENV
+
+    ns = build_status_parser().parse_args(list(argv))
+    explicit = ns.status_file or environ.get(STATUS_FILE_ENV, "").strip() or None
+    if explicit is not None and explicit.lower() in ("auto", "none"):
+        explicit = None
+    now = time.time()
+    search = status.find_running(explicit, environ, os.getuid())
+    running = [f for f in search.running if ns.pid is None or f.snapshot.pid == ns.pid]
+    if ns.json:
+        print(status.to_json(running, now), end="")
+    elif ns.oneline:
+        for found in running:
+            print(f"esiwrap {found.snapshot.pid}: {status.summary(found.snapshot, now)}")
+    elif running:
+        print(status.render_text(running, now), end="")
+    if not running:
+        fail(_nothing_running(search, ns.pid), EXIT_NOT_RUNNING)
+    return EXIT_OK
+
+
+def _nothing_running(search: Any, pid: int | None) -> str:
+    if pid is not None and search.running:
+        others = ", ".join(str(f.snapshot.pid) for f in search.running)
+        return f"no running esiwrap has pid {pid} (running: {others})"
+    text = "no esiwrap is running"
+    if pid is not None:
+        text = f"no esiwrap with pid {pid} is running"
+    text += f" (no live status file in {', '.join(search.looked_in)})"
+    if search.stale:
+        text += f"; ignored {len(search.stale)} left by exited processes: {', '.join(search.stale)}"
+    if search.unreadable:
+        text += f"; not status files: {', '.join(search.unreadable)}"
+    return text
 
 
 def build_systemd_unit_parser() -> argparse.ArgumentParser:
@@ -783,6 +976,8 @@ def _this_esiwrap(environ: Mapping[str, str]) -> str:
     beside = os.path.join(os.path.dirname(sys.executable), "esiwrap")
     if os.access(beside, os.X_OK):
         return os.path.abspath(beside)
+    import shutil
+
     found = shutil.which("esiwrap", path=environ.get("PATH", os.defpath))
     if found is None:
         fail("cannot find the esiwrap executable; pass --esiwrap-path /opt/esiwrap/venv/bin/esiwrap")
@@ -793,7 +988,7 @@ def _settings(pairs: Sequence[str]) -> dict[str, str]:
     """--setenv KEY=VALUE pairs; esiwrap's own options are checked like on the command line."""
     from esiwrap.systemd import unit
 
-    by_env = {opt.env: opt for opt in SOURCE_OPTIONS + RUN_OPTIONS + LOG_OPTIONS}
+    by_env = {opt.env: opt for opt in ALL_RUN_OPTIONS}
     settings: dict[str, str] = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
@@ -815,4 +1010,4 @@ def option_docs() -> list[Any]:
     from esiwrap.systemd.unit import OptionDoc
 
     return [OptionDoc(opt.env, "" if opt.default is None else opt.default_text, opt.help)
-            for opt in SOURCE_OPTIONS + RUN_OPTIONS + LOG_OPTIONS]
+            for opt in ALL_RUN_OPTIONS]

@@ -45,6 +45,7 @@ from esiwrap.policy import (
     save_estimate_s,
     step_estimate_s,
 )
+from esiwrap.snapshot import Snapshot
 
 Level = Literal["debug", "info", "warning", "error"]
 
@@ -285,6 +286,8 @@ class Controller:
         self.stop: StopState | None = None
         self._exited = False
         self._out: list[Action] = []
+        self.saves_completed = self.saves_failed = self.saves_missed = 0  # for the metrics
+        self.last_checkpoint_at: float | None = None  # wall time the last completed save ended
 
     # ------------------------------------------------------------------ the two entry points
     def handle(self, event: Event, now: Now) -> list[Action]:
@@ -455,6 +458,7 @@ class Controller:
 
     def _on_save_end(self, event: SaveEnd, now: Now) -> None:
         if not event.ok:
+            self.saves_failed += 1
             self._log("error", ev.SAVE_FAILED, step=event.step, pid=event.pid, error=event.error)
             return  # the trainer keeps its flag and tries again at the next boundary
         self._adopt_peer_request(event, now)
@@ -506,6 +510,8 @@ class Controller:
     def _save_completed_log(
         self, step: int, messages: list[SaveEnd], now: Now, *, requested: bool, kind: str = ""
     ) -> None:
+        self.saves_completed += 1
+        self.last_checkpoint_at = now.wall
         paths = sorted({m.path for m in messages if m.path})
         self._log(
             "info", ev.SAVE_COMPLETED, step=step, requested=requested, kind=kind or None,
@@ -618,6 +624,7 @@ class Controller:
         if self.any_save_completed:
             self._begin_stop("deadline reached", EXIT_CHECKPOINTED, now)
             return
+        self.saves_missed += 1
         self._log("error", ev.SAVE_MISSED, remaining_s=self._remaining(now))
         self._begin_stop("deadline passed without an acknowledged save", EXIT_SAVE_MISSED, now)
 
@@ -748,6 +755,7 @@ class Controller:
                 self._extend_stop_timeout(now)
                 return
         self._ack_until = None
+        self.saves_missed += 1
         self._log("warning", ev.SAVE_MISSED, remaining_s=self._remaining(now),
                   reason="no acknowledgement within --stop-grace")
         if self._progress_is_saved():
@@ -826,6 +834,25 @@ class Controller:
 
     def current_step_estimate_s(self) -> float | None:
         return step_estimate_s(self.obs, self.config.policy)
+
+    def snapshot(self, now: Now, run_id: str, pid: int) -> Snapshot:
+        """What esiwrap knows now, as one value: the metrics, the status file, `esiwrap status`."""
+        plan = self.plan if self.mode is Mode.RUNNING else None
+        deadline = self.deadline
+        checkpoint = self.obs.checkpoint_at  # the boundary the last checkpoint holds (or the start)
+        return Snapshot(
+            time=now.wall, run_id=run_id, pid=pid, child_pid=self.child_pid, phase=self.mode.value,
+            deadline_at=deadline.at if deadline else None,
+            deadline_source=deadline.source if deadline else None,
+            next_save_at=plan.nominal_at if plan else None, next_save_kind=plan.kind if plan else None,
+            next_save_reason=plan.why if plan else None, step_estimate_s=self.current_step_estimate_s(),
+            save_estimate_s=plan.save_estimate_s if plan else save_estimate_s(self.obs, self.config.policy),
+            last_step=self.obs.last_step, last_checkpoint_at=self.last_checkpoint_at,
+            last_checkpoint_step=self.last_saved_step,
+            work_at_risk_s=max(0.0, now.wall - checkpoint) if checkpoint is not None else None,
+            saves_completed=self.saves_completed, saves_failed=self.saves_failed,
+            saves_missed=self.saves_missed, trainers=len(self.trainers),
+        )
 
 
 def _round(value: float) -> float | None:

@@ -34,5 +34,8 @@ SUPERVISOR_EXIT = "supervisor_exit"
 SUPERVISOR_FAILED = "supervisor_failed"
 SYSTEMD_NOTIFY_FAILED = "systemd_notify_failed"
 SYSTEMD_NOTIFY_UNSUPPORTED = "systemd_notify_unsupported"
+METRICS_SERVING = "metrics_serving"
+OBSERVE_WRITE_FAILED = "observe_write_failed"
+STATUS_FILE_UNAVAILABLE = "status_file_unavailable"
 
 ALL = frozenset(value for name, value in dict(globals()).items() if name.isupper() and isinstance(value, str))

@@ -1,4 +1,4 @@
-"""structlog set-up: JSON lines (one object per line) unless stderr is a terminal.
+"""esiwrap's log: JSON lines (one object per line) unless stderr is a terminal.
 
 Every line has `timestamp` (UTC ISO-8601, milliseconds), `level`, `event` and `run_id`.
 `--log-file` adds a JSON-lines copy in a file, whatever the console format.
@@ -7,70 +7,141 @@ Under systemd, when `$JOURNAL_STREAM` names stderr's own device and inode, stder
 lines stay JSON whatever `--log-format` says (one object per line, exceptions as a field, no
 colours), each behind a `<N>` syslog priority prefix that journald strips and turns into the
 entry's PRIORITY (`journalctl -p warning` works; `journalctl -o cat` prints the bare JSON).
+
+The logger is our own few lines rather than structlog's pipeline: `import structlog` alone
+imports its development renderer (and `rich` when installed) and asyncio, about three times
+what the rest of a supervised run's start-up costs. structlog's `ConsoleRenderer` still draws the
+readable console format, imported only when that format is used. `capture_logs()` is the test
+helper, shaped like `structlog.testing.capture_logs`.
 """
 
 from __future__ import annotations
 
 import json
-import logging
 import os
 import sys
-import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from typing import IO, Any, Literal
 
-import structlog
-from structlog.typing import EventDict, WrappedLogger
-
 LogFormat = Literal["json", "console"]
 LEVELS = ("debug", "info", "warning", "error")
-SYSLOG_PRIORITY = {"debug": 7, "info": 6, "warning": 4, "error": 3, "critical": 2, "exception": 3}
+SEVERITY = {"debug": 10, "info": 20, "warning": 30, "error": 40, "critical": 50}
+SYSLOG_PRIORITY = {"debug": 7, "info": 6, "warning": 4, "error": 3, "critical": 2}
+_FIRST_KEYS = ("timestamp", "level", "event", "run_id")
+
+Entry = dict[str, Any]
 
 
 def new_run_id() -> str:
-    return uuid.uuid4().hex[:12]
+    return os.urandom(6).hex()  # 12 hex digits, as uuid4().hex[:12] was, without importing uuid
 
 
-def _timestamp(_: WrappedLogger, __: str, event_dict: EventDict) -> EventDict:
-    now = datetime.now(timezone.utc).isoformat(timespec="milliseconds")
-    event_dict["timestamp"] = now.replace("+00:00", "Z")
-    return event_dict
+def _timestamp() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-class _Tee:
-    """The logger at the end of the chain: renders each event for the console and the file.
+def _exception_text(exc_info: Any) -> str:
+    """The traceback of `exc_info` (True: the exception being handled), as logging prints it."""
+    import traceback
 
-    The last processor hands over the event dict itself, so one event can be written as JSON to
-    the file and as JSON or readable text to the console.
-    """
+    if isinstance(exc_info, BaseException):
+        exc_info = (type(exc_info), exc_info, exc_info.__traceback__)
+    elif not isinstance(exc_info, tuple):
+        exc_info = sys.exc_info()
+    if exc_info[0] is None:
+        return "NoneType: None"
+    return "".join(traceback.format_exception(*exc_info)).rstrip("\n")
 
-    def __init__(self, console: IO[str], file: IO[str] | None, fmt: LogFormat, journal: bool = False) -> None:
+
+class _Sink:
+    """Where events go: the console (JSON, readable text, or the journal) and an optional file."""
+
+    def __init__(self, run_id: str | None, level: str, console: IO[str], file: IO[str] | None,
+                 fmt: LogFormat, journal: bool) -> None:
+        self.run_id = run_id
+        self.threshold = SEVERITY.get(level, SEVERITY["info"])
         self.console = console
         self.file = file
         self.journal = journal
-        self._text = structlog.dev.ConsoleRenderer(colors=False) if fmt == "console" else None
+        self._text: Callable[..., Any] | None = None
+        if fmt == "console" and not journal:
+            from structlog.dev import ConsoleRenderer  # pulls rich when installed: only here
 
-    def msg(self, **event_dict: Any) -> None:
-        event_dict = _ordered(event_dict)
-        line = json.dumps(event_dict, default=str, separators=(",", ":"))
-        text = line if self._text is None else str(self._text(None, "info", dict(event_dict)))
+            self._text = ConsoleRenderer(colors=False)
+
+    def emit(self, level: str, event: str, fields: dict[str, Any]) -> None:
+        if SEVERITY[level] < self.threshold:
+            return
+        exc_info = fields.pop("exc_info", None)
+        entry: Entry = {"timestamp": _timestamp(), "level": level, "event": event}
+        if self.run_id is not None:
+            entry["run_id"] = self.run_id
+        entry.update((k, v) for k, v in fields.items() if k not in _FIRST_KEYS)
+        if exc_info:
+            entry["exception"] = _exception_text(exc_info)
+        line = json.dumps(entry, default=str, separators=(",", ":"))
         if self.journal:
-            text = f"<{SYSLOG_PRIORITY.get(str(event_dict.get('level')), 6)}>{line}"
+            text = f"<{SYSLOG_PRIORITY[level]}>{line}"
+        elif self._text is not None:
+            text = str(self._text(None, level, dict(entry)))
+        else:
+            text = line
         _write(self.console, text)
         if self.file is not None:
             _write(self.file, line)
 
-    info = debug = warning = error = critical = exception = msg
+
+class _Capture:
+    """The test sink: every event, any level, as `{"event", "log_level", **fields}`."""
+
+    def __init__(self) -> None:
+        self.entries: list[Entry] = []
+
+    def emit(self, level: str, event: str, fields: dict[str, Any]) -> None:
+        self.entries.append({"event": event, **fields, "log_level": level})
 
 
-_FIRST_KEYS = ("timestamp", "level", "event", "run_id")
+_sink: _Sink | _Capture | None = None  # None: not configured yet (JSON lines on stderr, info)
 
 
-def _ordered(event_dict: dict[str, Any]) -> dict[str, Any]:
-    """The keys a person scans for first, then the event's own fields."""
-    head = {key: event_dict.pop(key) for key in _FIRST_KEYS if key in event_dict}
-    return {**head, **event_dict}
+def _current() -> _Sink | _Capture:
+    global _sink
+    if _sink is None:
+        _sink = _Sink(None, "info", sys.stderr, None, "json", journal=False)
+    return _sink
+
+
+class Logger:
+    """`log.info("event_name", field=value, ...)`; `exc_info=True` adds the traceback."""
+
+    def debug(self, event: str, **fields: Any) -> None:
+        _current().emit("debug", event, fields)
+
+    def info(self, event: str, **fields: Any) -> None:
+        _current().emit("info", event, fields)
+
+    def warning(self, event: str, **fields: Any) -> None:
+        _current().emit("warning", event, fields)
+
+    def error(self, event: str, **fields: Any) -> None:
+        _current().emit("error", event, fields)
+
+    def critical(self, event: str, **fields: Any) -> None:
+        _current().emit("critical", event, fields)
+
+    def exception(self, event: str, **fields: Any) -> None:
+        fields.setdefault("exc_info", True)
+        _current().emit("error", event, fields)
+
+
+_LOGGER = Logger()
+
+
+def get_logger() -> Logger:
+    """The logger; what it writes to is decided by `configure()` at the time of each call."""
+    return _LOGGER
 
 
 def _write(stream: IO[str], text: str) -> None:
@@ -79,10 +150,6 @@ def _write(stream: IO[str], text: str) -> None:
         stream.flush()
     except (OSError, ValueError):
         pass  # a closed pipe or full disk must not take the supervisor down
-
-
-def _hand_over(_: WrappedLogger, __: str, event_dict: EventDict) -> Any:
-    return event_dict
 
 
 def is_journal(stream: IO[str], environ: Mapping[str, str]) -> bool:
@@ -105,6 +172,7 @@ def configure(
     stream: IO[str] | None = None,
     environ: Mapping[str, str] | None = None,
 ) -> None:
+    global _sink
     console_stream = stream if stream is not None else sys.stderr
     journal = is_journal(console_stream, os.environ if environ is None else environ)
     if journal:
@@ -112,23 +180,22 @@ def configure(
     elif fmt is None:
         fmt = "console" if console_stream.isatty() else "json"
     file = open(log_file, "a", encoding="utf-8", buffering=1) if log_file else None  # noqa: SIM115
-    tee = _Tee(console_stream, file, fmt, journal)
-    structlog.configure(
-        processors=[
-            structlog.contextvars.merge_contextvars,
-            structlog.processors.add_log_level,
-            _timestamp,
-            structlog.processors.format_exc_info,
-            _hand_over,
-        ],
-        wrapper_class=structlog.make_filtering_bound_logger(
-            getattr(logging, level.upper(), logging.INFO)
-        ),
-        logger_factory=lambda *_: tee,
-        cache_logger_on_first_use=False,
-    )
-    structlog.contextvars.bind_contextvars(run_id=run_id)
+    _sink = _Sink(run_id, level, console_stream, file, fmt, journal)
 
 
-def get_logger() -> Any:
-    return structlog.get_logger("esiwrap")
+def reset() -> None:
+    """Back to the unconfigured default (tests)."""
+    global _sink
+    _sink = None
+
+
+@contextmanager
+def capture_logs() -> Iterator[list[Entry]]:
+    """Every event logged inside the block, nothing written anywhere (for tests)."""
+    global _sink
+    saved, capture = _sink, _Capture()
+    _sink = capture
+    try:
+        yield capture.entries
+    finally:
+        _sink = saved

@@ -2,36 +2,45 @@
 
 Nothing here knows about deadlines. The supervisor reaps (it owns SIGCHLD); this module only
 starts processes and sends signals.
+
+psutil is imported only by the functions that walk a process tree (a stop with processes left):
+a run whose child exits alone never pays for it.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import ctypes.util
 import os
-import shutil
 import subprocess
 from collections.abc import Iterable, Mapping, Sequence
-
-import psutil
+from typing import TYPE_CHECKING, Any
 
 from esiwrap.errors import EXIT_NOT_EXECUTABLE, EXIT_NOT_FOUND, CommandError
 from esiwrap.signals import signal_label
 
+if TYPE_CHECKING:
+    import psutil
+
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 
-_libc: ctypes.CDLL | None = None
+_libc: Any = None  # ctypes.CDLL, loaded on first use
 
 
 def _prctl(option: int, arg: int) -> bool:
     global _libc
     if _libc is None:
+        import ctypes
+
         try:
-            _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        except OSError:
-            return False
+            # The C library is already in this process: dlopen(NULL) finds prctl without
+            # ctypes.util.find_library, which runs `ldconfig -p` in a subprocess.
+            _libc = ctypes.CDLL(None, use_errno=True)
+            _libc.prctl  # noqa: B018 - a C library without prctl (not Linux): fail here, once
+        except (OSError, AttributeError):
+            _libc = False
+    if _libc is False:
+        return False
     return bool(_libc.prctl(option, arg, 0, 0, 0) == 0)
 
 
@@ -49,10 +58,20 @@ def resolve_command(argv: Sequence[str], env: Mapping[str, str]) -> str:
         if os.path.isdir(program) or not os.access(program, os.X_OK):
             raise CommandError(f"{program}: not executable (chmod +x?)", EXIT_NOT_EXECUTABLE)
         return program
-    found = shutil.which(program, path=env.get("PATH", os.defpath))
+    found = which(program, env.get("PATH", os.defpath))
     if found is None:
         raise CommandError(f"{program}: command not found on PATH", EXIT_NOT_FOUND)
     return found
+
+
+def which(program: str, path: str) -> str | None:
+    """The first executable file named `program` on `path` (shutil.which, without importing
+    shutil and the compression modules it loads)."""
+    for directory in path.split(os.pathsep):
+        candidate = os.path.join(directory or os.curdir, program)
+        if os.access(candidate, os.X_OK) and not os.path.isdir(candidate):
+            return candidate
+    return None
 
 
 def spawn(argv: Sequence[str], env: Mapping[str, str], death_signal: int) -> int:
@@ -93,7 +112,18 @@ def send(pid: int, signum: int) -> bool:
     return True
 
 
+def has_children() -> bool:
+    """Whether this process has any child, running or not yet reaped (nothing is reaped here)."""
+    try:
+        os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return False
+    return True
+
+
 def descendants(pid: int) -> list[psutil.Process]:
+    import psutil
+
     try:
         children: list[psutil.Process] = psutil.Process(pid).children(recursive=True)
     except psutil.Error:
@@ -103,6 +133,8 @@ def descendants(pid: int) -> list[psutil.Process]:
 
 def is_descendant(pid: int, ancestor: int) -> bool:
     """True when `pid` is `ancestor` or below it: we only ever signal our own tree."""
+    import psutil
+
     try:
         proc = psutil.Process(pid)
         while proc is not None:
@@ -116,6 +148,8 @@ def is_descendant(pid: int, ancestor: int) -> bool:
 
 def alive(processes: Iterable[psutil.Process]) -> list[psutil.Process]:
     """Those still running (same pid and start time: a recycled pid does not count)."""
+    import psutil
+
     living = []
     for proc in processes:
         with contextlib.suppress(psutil.Error):
@@ -125,6 +159,8 @@ def alive(processes: Iterable[psutil.Process]) -> list[psutil.Process]:
 
 
 def signal_all(processes: Iterable[psutil.Process], signum: int) -> None:
+    import psutil
+
     for proc in processes:
         with contextlib.suppress(psutil.Error):
             proc.send_signal(signum)
@@ -144,3 +180,14 @@ def open_pidfd(pid: int) -> int | None:
 def signal_name(signum: int) -> str:
     """`SIGHUP`, or `SIGRTMIN+3` for a real-time signal: what `signals.signal_number` reads back."""
     return signal_label(signum)
+
+
+def pid_exists(pid: int) -> bool:
+    """Whether a process with this pid exists (psutil.pid_exists, without importing psutil)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -372,8 +372,14 @@ def _iso(epoch_s: float) -> str:
 
 def report(lines: Iterable[str], *, last_only: bool = False) -> tuple[list[RunReport], int]:
     """Every run in the lines (or the last one), and how many lines were skipped."""
+    runs, skipped = run_events(lines, last_only=last_only)
+    return [summarize(run) for run in runs], skipped
+
+
+def run_events(lines: Iterable[str], *, last_only: bool = False) -> tuple[list[list[Event]], int]:
+    """Each run's events (or the last run's), and how many lines were skipped."""
     found = read_events(lines)
-    runs = [summarize(run) for run in split_runs(found.events)]
+    runs = split_runs(found.events)
     return (runs[-1:] if last_only else runs), found.skipped
 
 

@@ -31,6 +31,7 @@ from esiwrap.deadline import Source, ask, remote
 from esiwrap.errors import EXIT_FAILURE, CommandError, Halt
 from esiwrap.integrations import bootstrap_dir
 from esiwrap.log import get_logger
+from esiwrap.observe import Observer, ObserveSettings
 from esiwrap.policy import PolicyConfig
 from esiwrap.signals import HANDLED, signal_number
 from esiwrap.tree import ProcessTree
@@ -71,6 +72,7 @@ class Supervisor:
         sources: Sequence[Source],
         environ: Mapping[str, str] | None = None,
         clock: Callable[[], float] = time.time,
+        observe: ObserveSettings | None = None,
     ) -> None:
         self.config = config
         self.log = get_logger()
@@ -96,6 +98,7 @@ class Supervisor:
         self._old_handlers: dict[int, Any] = {}
         self._old_wakeup_fd = -1
         self._systemd = systemd.Notifier.from_environ(self._environ)
+        self._observer = Observer(self._selector, observe or ObserveSettings())  # metrics, status file
 
     # ------------------------------------------------------------------ lifecycle
     def run(self) -> int:
@@ -147,6 +150,7 @@ class Supervisor:
             self._old_handlers[signum] = signal.signal(signum, _noop_handler)
 
     def _close(self) -> None:
+        self._observer.close()
         self._watcher.stop()
         self._keep_state(final=True)
         for signum, handler in self._old_handlers.items():
@@ -171,6 +175,13 @@ class Supervisor:
             if self._stopping():
                 self._check_tree()
             self._tell_systemd()
+            self._publish()
+
+    def _publish(self) -> None:
+        """The metrics file and endpoint, the status file: the controller's state as of now."""
+        now = self._now()
+        self._observer.tick(now.mono)
+        self._observer.update(self.controller.snapshot(now, self.config.run_id, os.getpid()), now.mono)
 
     def _now(self) -> Now:
         return Now(self._clock(), time.monotonic())
@@ -182,6 +193,10 @@ class Supervisor:
             waits.append(due)
         if self._stopping() and not HAS_PIDFD:
             waits.append(POLL_WITHOUT_PIDFD_S)
+        mono = time.monotonic()
+        observer_due = self._observer.next_wake(mono)
+        if observer_due is not None:
+            waits.append(observer_due - mono)
         return max(0.0, min(waits))
 
     def _feed(self, event: core.Event) -> None:

@@ -10,10 +10,12 @@ from __future__ import annotations
 import contextlib
 import os
 import selectors
-
-import psutil
+from typing import TYPE_CHECKING
 
 from esiwrap import process
+
+if TYPE_CHECKING:
+    import psutil
 
 
 class ProcessTree:
@@ -28,6 +30,8 @@ class ProcessTree:
 
     def remaining(self) -> list[psutil.Process]:
         """Every process of the tree still running."""
+        if not self._snapshot and not process.has_children():
+            return []  # nothing was running below the child and nothing is below us: no walk
         current = process.descendants(os.getpid())
         by_pid = {p.pid: p for p in [*self._snapshot, *current]}
         return process.alive(by_pid.values())

@@ -9,10 +9,15 @@ python3 -m venv .venv
 .venv/bin/pip install --quiet --disable-pip-version-check -e '.[test,verl,hf,lightning]'
 # systemd-analyze checks the shipped unit (tests/test_systemd_unit.py); tests/test_systemd_real.py
 # runs the installed systemd as PID 1 of a private namespace (unshare, nsenter, setpriv, mount from
-# util-linux); PID 1 of this machine need not be systemd
-if ! command -v systemd-analyze >/dev/null || ! command -v nsenter >/dev/null \
-        || ! command -v setpriv >/dev/null || ! command -v mount >/dev/null; then
-    apt-get update -qq && apt-get install -y -qq --no-install-recommends systemd util-linux mount >/dev/null
+# util-linux); PID 1 of this machine need not be systemd. Chromium renders `esiwrap report --html`
+# in tests/test_timeline.py (headless, no network).
+missing=()
+command -v systemd-analyze >/dev/null || missing+=(systemd)
+{ command -v nsenter && command -v setpriv; } >/dev/null || missing+=(util-linux)
+command -v mount >/dev/null || missing+=(mount)
+command -v chromium >/dev/null || missing+=(chromium fonts-dejavu-core)  # the font the picture names first
+if [ ${#missing[@]} -gt 0 ]; then
+    apt-get update -qq && apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 .venv/bin/ruff check esiwrap tests examples benchmarks
 .venv/bin/mypy

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from esiwrap_harness import PYTHON
 
-from esiwrap.cli import split_run_argv
+from esiwrap.cli import ALL_RUN_OPTIONS, BOOLEAN_FLAGS, split_run_argv
 from esiwrap.errors import EXIT_NOT_FOUND, EXIT_USAGE
 
 PRINT_ARGV = "import os, sys; print(os.environ.get('FOO'), sys.argv[1:])"
@@ -137,3 +137,11 @@ def test_log_file_in_an_existing_directory_is_written(tmp_path: Path) -> None:
     done = _esiwrap("--log-file", str(log), "--", "true")
     assert done.returncode == 0, done.stderr
     assert '"event":"supervisor_exit"' in log.read_text()
+
+
+@pytest.mark.parametrize("option", [o for o in ALL_RUN_OPTIONS if o.flag not in BOOLEAN_FLAGS],
+                         ids=lambda o: o.flag)
+def test_every_option_that_takes_a_value_keeps_it_from_the_command(option) -> None:
+    """The splitter knows every run option: `--flag VALUE cmd` never takes VALUE for the command."""
+    options, command = split_run_argv([option.flag, "value", "train.sh", "--flag-of-the-command"])
+    assert options == [option.flag, "value"] and command == ["train.sh", "--flag-of-the-command"]

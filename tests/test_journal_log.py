@@ -8,16 +8,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import structlog
 
 from esiwrap import log
 
 
 @pytest.fixture(autouse=True)
-def _restore_structlog() -> Iterator[None]:
+def _restore_log() -> Iterator[None]:
     yield
-    structlog.reset_defaults()
-    structlog.contextvars.clear_contextvars()
+    log.reset()
 
 
 def journal_env(stream: object) -> dict[str, str]:

@@ -9,9 +9,9 @@ import subprocess
 from pathlib import Path
 
 from esiwrap_harness import PYTHON
-from structlog.testing import capture_logs
 
 from esiwrap import log
+from esiwrap.log import capture_logs
 
 TIMESTAMP = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z$")
 

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 from esiwrap_harness import PYTHON, TINY_TRAINER
-from structlog.testing import capture_logs
 
 from esiwrap.errors import EXIT_CHECKPOINTED
+from esiwrap.log import capture_logs
 from esiwrap.systemd import notify
 from esiwrap.systemd.notify import STATUS_REFRESH_S, Notifier, watchdog_interval_s
 from esiwrap.systemd.status import StatusFacts, human_duration, status_parts

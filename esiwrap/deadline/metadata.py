@@ -17,7 +17,6 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
-from urllib.parse import urlsplit
 
 VOLCENGINE_METADATA_URL = "http://100.96.0.96"
 AWS_METADATA_URL = "http://169.254.169.254"
@@ -64,6 +63,8 @@ class MetadataClient:
     """GET items from one metadata service. Thread-safe: the sources share one instance."""
 
     def __init__(self, base_url: str, dialect: Dialect, timeouts: Timeouts | None = None) -> None:
+        from urllib.parse import urlsplit  # only when a metadata source is configured
+
         parts = urlsplit(base_url if "://" in base_url else "http://" + base_url)
         if parts.scheme != "http" or not parts.hostname:
             msg = f"metadata URL {base_url!r}: use http://HOST[:PORT]"

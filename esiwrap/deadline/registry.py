@@ -4,19 +4,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from esiwrap.deadline.local import CliSource, env_sources
-from esiwrap.deadline.metadata import (
-    AWS,
-    AWS_METADATA_URL,
-    VOLCENGINE,
-    VOLCENGINE_METADATA_URL,
-    MetadataClient,
-)
-from esiwrap.deadline.spot import aws_spot, volcengine_spot
+from esiwrap.deadline.metadata import AWS_METADATA_URL, VOLCENGINE_METADATA_URL
 from esiwrap.deadline.value import Source
-from esiwrap.deadline.volcengine import VolcengineSettings, VolcengineSource
 from esiwrap.errors import UsageError
+
+if TYPE_CHECKING:
+    from esiwrap.deadline.metadata import MetadataClient
+    from esiwrap.deadline.volcengine import VolcengineSettings
 
 # volcengine-spot is on by default: it asks the same metadata service as `volcengine`, so it adds
 # no new address, and a spot notice is the shortest warning there is. aws-spot is opt-in: on by
@@ -53,9 +50,16 @@ def parse_source_names(text: str) -> list[str]:
 def build_sources(
     names: Sequence[str], settings: SourceSettings, environ: Mapping[str, str], anchor: float
 ) -> list[Source]:
-    """Sources in the order given. `--deadline` overrides discovery: then it is the only one."""
+    """Sources in the order given. `--deadline` overrides discovery: then it is the only one.
+
+    The cloud sources' modules are imported only when named: a run with local sources only
+    starts without them."""
     if settings.deadline is not None and "cli" in names:
         return [CliSource(settings.deadline, anchor)]
+    if any(name not in ("cli", "env") for name in names):
+        from esiwrap.deadline.metadata import AWS, VOLCENGINE, MetadataClient
+        from esiwrap.deadline.spot import aws_spot, volcengine_spot
+        from esiwrap.deadline.volcengine import VolcengineSource
     volcengine_imds: MetadataClient | None = None  # one client: the two sources share its token
     sources: list[Source] = []
     for name in names:
@@ -74,6 +78,8 @@ def build_sources(
 
 
 def volcengine_settings(settings: SourceSettings, environ: Mapping[str, str]) -> VolcengineSettings:
+    from esiwrap.deadline.volcengine import VolcengineSettings
+
     region = settings.volcengine_region or environ.get(REGION_ENV, "").strip() or None
     return VolcengineSettings(
         endpoint=settings.volcengine_endpoint,

@@ -12,9 +12,7 @@ Every failure becomes a `SourceUnavailable` whose reason says what to do; nothin
 
 from __future__ import annotations
 
-import ast
 import json
-import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -218,6 +216,8 @@ def _error_code(exc: Any) -> tuple[str, str]:
     if isinstance(data, dict):
         error = (data.get("ResponseMetadata") or {}).get("Error") or {}
     else:  # an HTTP 200 with an Error: the SDK puts str(dict) in `reason`
+        import ast
+
         try:
             error = ast.literal_eval(str(getattr(exc, "reason", "")))
         except (ValueError, SyntaxError):
@@ -279,6 +279,8 @@ def _first_line(exc: BaseException) -> str:
 
 def _quiet_sdk_logging(config: Any) -> None:
     """The SDK attaches plain-text stderr handlers to its loggers; our log is JSON lines only."""
+    import logging  # the SDK has imported it already; esiwrap's own start-up does not need it
+
     for logger in list(getattr(config, "logger", {}).values()):
         for handler in list(logger.handlers):
             if getattr(handler, "_volcengine_sdk_handler", False):

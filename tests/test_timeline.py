@@ -1,0 +1,210 @@
+"""`esiwrap report LOG --html/--svg` on a real run's log, rendered by headless Chromium.
+
+The run: examples/tiny_trainer.py under esiwrap with the Volcengine fakes as its only deadline
+source; a spot notice mid-run moves the deadline earlier, the insurance and the final save land
+before it, esiwrap stops the trainer (exit 75). The page is opened in Debian's Chromium over the
+DevTools protocol: the test reads the rendered geometry (what is where), looks at pixels of
+screenshots, and keeps a full screenshot next to the page for people (timeline.png).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from browser import Chromium, Png
+from esiwrap_harness import PYTHON, TINY_TRAINER, EsiwrapRun
+from fakes.fixtures import CREDENTIALS, INSTANCE_ID, REGION, SCHEDULED_ID, rfc3339_in
+from fakes.metadata import FakeMetadata
+from fakes.volcengine_api import FakeVolcengineApi
+
+from esiwrap.errors import EXIT_CHECKPOINTED
+from esiwrap.timeline import COLORS
+
+SPOT_ITEM = "/latest/spot_instance_termination_time"
+
+
+@dataclass
+class Run:
+    log: Path
+    events: list[dict[str, Any]]
+    code: int
+
+
+@pytest.fixture(scope="module")
+def moved_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
+    tmp = tmp_path_factory.mktemp("timeline")
+    log = tmp / "run.jsonl"
+    items = {"/latest/instance_id": INSTANCE_ID, "/latest/region_id": REGION}
+    with FakeMetadata(items) as imds, FakeVolcengineApi() as api:
+        api.add_instance(INSTANCE_ID, SCHEDULED_ID, expired_at=rfc3339_in(86400))
+        api.set_release(SCHEDULED_ID, rfc3339_in(40))  # on the picture's scale, beyond the run's end
+        env = {**CREDENTIALS, "ESIWRAP_METADATA_URL": imds.url, "ESIWRAP_VOLCENGINE_ENDPOINT": api.url}
+        run = EsiwrapRun([
+            "--sources", "volcengine,volcengine-spot", "--refresh", "1", "--redundant-time", "6",
+            "--save-duration", "1", "--final-margin", "2", "--log-level", "debug", "--log-file", str(log),
+            "--", PYTHON, str(TINY_TRAINER), "--ckpt-dir", str(tmp / "ckpt"), "--step-seconds", "0.3",
+            "--save-seconds", "0.5"], env=env)
+        try:
+            run.wait_event("deadline_resolved", timeout=30, source="volcengine")
+            run.wait_for(lambda e: e["event"] == "step_observed" and e.get("step", 0) >= 5, 90, "step 5")
+            imds.set(SPOT_ITEM, rfc3339_in(20))
+            run.wait_event("deadline_changed", timeout=30, source="volcengine-spot")
+            code = run.finish(timeout=90)
+        finally:
+            run.kill()
+    events = [json.loads(line) for line in log.read_text().splitlines()]
+    return Run(log, events, code)
+
+
+GEOMETRY = """
+(() => {
+  const box = el => {
+    const b = el.getBoundingClientRect();
+    return {x: b.left, y: b.top, w: b.width, h: b.height};
+  };
+  const all = (sel, root = document) => Array.from(root.querySelectorAll(sel));
+  return {
+    svgs: all('svg').map(box),
+    steps: all('rect.step').map(el => ({step: Number(el.dataset.step), ...box(el)})),
+    deadlines: all('g.deadline').map(g => ({cls: g.getAttribute('class'), source: g.dataset.source,
+      line: g.querySelector('line.deadline-line') ? box(g.querySelector('line.deadline-line')) : null,
+      label: g.querySelector('text.deadline-label').textContent,
+      moved: g.querySelector('text.deadline-moved')?.textContent ?? null})),
+    saves: all('g.save').map(g => ({kind: g.dataset.kind, outcome: g.dataset.outcome,
+      write: box(g.querySelector('rect.write')), signal: box(g.querySelector('path.signal-sent')),
+      planned: g.querySelector('path.planned') ? box(g.querySelector('path.planned')) : null,
+      label: g.querySelector('text').textContent})),
+    signals: all('g.signal-mark').map(g => ({cls: g.getAttribute('class'),
+      label: g.querySelector('text').textContent})),
+    texts: all('svg text').map(el => ({text: el.textContent, ...box(el)})),
+    lanes: all('rect.lane').map(el => ({cls: el.getAttribute('class'), ...box(el)})),
+    title: document.title,
+  };
+})()
+"""
+
+
+def overlap(a: dict[str, float], b: dict[str, float]) -> float:
+    width = min(a["x"] + a["w"], b["x"] + b["w"]) - max(a["x"], b["x"])
+    height = min(a["y"] + a["h"], b["y"] + b["h"]) - max(a["y"], b["y"])
+    return max(0.0, width) * max(0.0, height)
+
+
+def test_timeline_page_renders_the_run_in_chromium(moved_run: Run, tmp_path: Path) -> None:
+    """Every step, both deadlines, both saves (before the deadline that counted), the signals
+    and the stop are drawn where the log says; labels do not collide; nothing is fetched."""
+    assert moved_run.code == EXIT_CHECKPOINTED
+    page_file, svg_file = tmp_path / "timeline.html", tmp_path / "timeline.svg"
+    done = subprocess.run([PYTHON, "-m", "esiwrap", "report", str(moved_run.log), "--html", str(page_file),
+                           "--svg", str(svg_file)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "" and f"wrote {page_file} (1 run)" in done.stderr
+    svg = ET.parse(svg_file).getroot()  # well-formed XML on its own
+    assert svg.tag == "{http://www.w3.org/2000/svg}svg"
+    page_text = page_file.read_text()
+    assert "<script" not in page_text and "https://" not in page_text
+
+    steps_logged = [e["step"] for e in moved_run.events if e["event"] == "step_observed"]
+    kinds_logged = [e["kind"] for e in moved_run.events if e["event"] == "save_requested"]
+    with Chromium(tmp_path) as browser:
+        page = browser.open(page_file.as_uri())
+        got = page.evaluate(GEOMETRY)
+        full = page.screenshot()
+        (tmp_path / "timeline.png").write_bytes(full)
+        shot = Png(full)
+        assert shot.width == 1280 and shot.height > 600
+
+        assert got["title"].startswith("esiwrap timeline: ")
+        (svg_box,) = got["svgs"]
+        assert svg_box["w"] == pytest.approx(1200, abs=2)
+        assert [s["step"] for s in got["steps"]] == steps_logged and len(steps_logged) > 20
+        assert all(s["w"] > 0 for s in got["steps"])
+        xs = [s["x"] for s in got["steps"]]
+        assert xs == sorted(xs)
+
+        old, new = got["deadlines"]  # the first value, replaced by the spot notice
+        assert "superseded" in old["cls"] and old["source"] == "volcengine"
+        assert "superseded" not in new["cls"] and new["source"] == "volcengine-spot"
+        assert new["line"]["x"] < old["line"]["x"]  # moved earlier
+        assert new["label"].startswith("deadline ") and old["label"].startswith("was ")
+        assert new["moved"].startswith("moved −") and old["moved"] is None
+
+        assert [s["kind"] for s in got["saves"]] == kinds_logged == ["insurance", "final"]
+        for save in got["saves"]:
+            assert save["outcome"] == "completed"
+            assert save["signal"]["x"] <= save["write"]["x"]  # signal, then the boundary, then the write
+            assert save["write"]["x"] + save["write"]["w"] < new["line"]["x"]  # landed before the deadline
+            assert save["planned"] is not None
+        assert got["saves"][0]["write"]["x"] < got["saves"][1]["write"]["x"]
+
+        signal_classes = " ".join(s["cls"] for s in got["signals"])
+        assert signal_classes.count("signal-signal") == 2
+        assert "signal-stop" in signal_classes and "signal-exit" in signal_classes
+        stop_labels = " ".join(s["label"] for s in got["signals"])
+        assert "SIGTERM" in stop_labels and "esiwrap: exit 75" in stop_labels
+
+        inside = [t for t in got["texts"] if t["x"] >= svg_box["x"] - 1 and t["y"] >= svg_box["y"] - 1
+                  and t["x"] + t["w"] <= svg_box["x"] + svg_box["w"] + 1
+                  and t["y"] + t["h"] <= svg_box["y"] + svg_box["h"] + 1]
+        assert inside == got["texts"], "text drawn outside the picture"
+        texts = got["texts"]
+        clashes = [(a["text"], b["text"]) for i, a in enumerate(texts) for b in texts[i + 1:]
+                   if overlap(a, b) > 4.0]
+        assert clashes == [], "labels drawn over each other"
+
+        assert all(url.startswith(("file:", "data:", "about:")) for url in page.requested_urls())
+
+        # pixels, not just the DOM: the deadline's red along its line, a save's green, a step's blue
+        saves_lane = next(lane for lane in got["lanes"] if "lane-saves" in lane["cls"])
+        line_x = new["line"]["x"]
+        red = Png(page.screenshot((line_x - 3, saves_lane["y"] + 4, 6, saves_lane["h"] - 8)))
+        assert red.share_of(COLORS["deadline"]) > 0.12  # a 2.5 px line: at least one whole column of 6
+        write = got["saves"][0]["write"]
+        green = Png(page.screenshot((write["x"] + 1, write["y"] + 4, max(write["w"] - 2, 2), write["h"] - 8)))
+        assert green.share_of(COLORS["completed"]) > 0.8
+        step = got["steps"][len(got["steps"]) // 2]
+        blue = Png(page.screenshot((step["x"], step["y"] + 2, max(step["w"], 1), step["h"] - 4)))
+        assert max(blue.share_of(COLORS["step_a"]), blue.share_of(COLORS["step_b"])) > 0.8
+
+
+def test_a_log_without_steps_or_deadline_still_draws(tmp_path: Path) -> None:
+    """An info-level log of a run with no deadline: the attached span, 'no deadline known',
+    'no save'; the SVG is well-formed and the command line is escaped."""
+    log = tmp_path / "plain.jsonl"
+    events = [
+        {"event": "child_started", "pid": 7, "argv": ["python", "train.py", "--name", "<a & b>"]},
+        {"event": "trainer_attached", "pid": 7},
+        {"event": "child_exited", "pid": 7, "code": 0, "signal": None},
+        {"event": "supervisor_exit", "code": 0, "reason": "child exited"},
+    ]
+    lines = [json.dumps({"timestamp": f"2026-11-30T10:00:0{i}.000Z", "level": "info", "run_id": "r1", **e})
+             for i, e in enumerate(events)]
+    log.write_text("\n".join(lines) + "\n")
+    svg_file = tmp_path / "plain.svg"
+    done = subprocess.run([PYTHON, "-m", "esiwrap", "report", str(log), "--svg", str(svg_file)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    root = ET.parse(svg_file).getroot()
+    texts = [t.text or "" for t in root.iter("{http://www.w3.org/2000/svg}text")]
+    assert "no deadline known" in texts and "no save" in texts
+    assert any("<a & b>" in t for t in texts)  # escaped in the file, intact once parsed
+    spans = [r for r in root.iter("{http://www.w3.org/2000/svg}rect") if r.get("class") == "training-span"]
+    assert len(spans) == 1
+
+
+def test_unwritable_output_is_one_line(tmp_path: Path) -> None:
+    """--html into a directory that does not exist: one line naming the path, exit 2."""
+    log = tmp_path / "l.jsonl"
+    log.write_text(json.dumps({"timestamp": "2026-11-30T10:00:00.000Z", "level": "info", "run_id": "r",
+                               "event": "child_started", "pid": 1, "argv": ["x"]}) + "\n")
+    out = tmp_path / "no" / "x.html"
+    done = subprocess.run([PYTHON, "-m", "esiwrap", "report", str(log), "--html", str(out)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.strip().startswith(f"esiwrap: {tmp_path / 'no' / 'x.html'}: No such file or directory")
