@@ -150,7 +150,7 @@ def wrap_overhead(repeat: int) -> dict[str, Any]:
 
 def _log_span_s(log: str, first: str, last: str) -> float:
     """Seconds between two events of a JSON-lines log (timestamps have millisecond resolution)."""
-    from datetime import datetime
+    from esiwrap.deadline.value import iso_epoch
 
     stamps: dict[str, float] = {}
     for line in log.splitlines():
@@ -159,8 +159,7 @@ def _log_span_s(log: str, first: str, last: str) -> float:
         except ValueError:
             continue
         if event.get("event") in (first, last):
-            at = datetime.fromisoformat(event["timestamp"].replace("Z", "+00:00"))
-            stamps[event["event"]] = at.timestamp()
+            stamps[event["event"]] = iso_epoch(event["timestamp"])
     return stamps[last] - stamps[first]
 
 

@@ -24,10 +24,9 @@ import signal
 import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
 from typing import Any
 
-from esiwrap.deadline.value import iso_utc
+from esiwrap.deadline.value import iso_epoch, iso_utc
 from esiwrap.errors import (
     EXIT_CHECKPOINTED,
     EXIT_FAILURE,
@@ -86,22 +85,11 @@ def event_of(line: str) -> Event | None:
         return event_of(obj["MESSAGE"])  # `journalctl -o json`: our line is the message
     if all(isinstance(obj.get(key), str) for key in ("event", "timestamp", "run_id")):
         try:
-            epoch(obj["timestamp"])
+            iso_epoch(obj["timestamp"])
         except ValueError:
             return None
         return obj
     return None
-
-
-def epoch(timestamp: str) -> float:
-    """Epoch seconds of an ISO-8601 timestamp; ValueError for anything else (a naive time is UTC)."""
-    try:
-        moment = datetime.fromisoformat(timestamp.replace("Z", "+00:00"))
-        if moment.tzinfo is None:
-            moment = moment.replace(tzinfo=timezone.utc)
-        return moment.timestamp()
-    except (OverflowError, TypeError, AttributeError) as exc:
-        raise ValueError(str(exc)) from None
 
 
 def split_runs(events: Sequence[Event]) -> list[list[Event]]:
@@ -109,8 +97,8 @@ def split_runs(events: Sequence[Event]) -> list[list[Event]]:
     runs: dict[str, list[Event]] = {}
     for event in events:
         runs.setdefault(event["run_id"], []).append(event)
-    ordered = [sorted(run, key=lambda e: epoch(e["timestamp"])) for run in runs.values()]
-    return sorted(ordered, key=lambda run: epoch(run[0]["timestamp"]))
+    ordered = [sorted(run, key=lambda e: iso_epoch(e["timestamp"])) for run in runs.values()]
+    return sorted(ordered, key=lambda run: iso_epoch(run[0]["timestamp"]))
 
 
 # ---------------------------------------------------------------------- figures
@@ -161,7 +149,7 @@ class RunReport:
 def summarize(events: Sequence[Event]) -> RunReport:
     """The figures of one run (its events, in time order)."""
     first, last = events[0], events[-1]
-    start, end = epoch(first["timestamp"]), epoch(last["timestamp"])
+    start, end = iso_epoch(first["timestamp"]), iso_epoch(last["timestamp"])
     report = RunReport(
         run_id=first["run_id"], started_at=first["timestamp"], ended_at=last["timestamp"],
         duration_s=round(end - start, 3), complete=any(e["event"] == "supervisor_exit" for e in events),
@@ -186,7 +174,7 @@ def _deadlines(report: RunReport, events: Sequence[Event], start: float) -> None
         elif name == "deadline_resolved" and report.deadline is None:
             report.deadline = {"at": e.get("deadline"), "source": e.get("source"),
                                "remaining_s": e.get("remaining_s"), "logged_at": e["timestamp"],
-                               "after_start_s": round(epoch(e["timestamp"]) - start, 3)}
+                               "after_start_s": round(iso_epoch(e["timestamp"]) - start, 3)}
         elif name == "deadline_changed":
             moved = _seconds_between(e.get("old"), e.get("new"))
             report.deadline_changes.append({"logged_at": e["timestamp"], "old": e.get("old"),
@@ -209,7 +197,7 @@ def _saves(report: RunReport, events: Sequence[Event]) -> None:
         elif (name == "save_started" and e.get("requested") and current is not None
               and current.started_at is None):
             current.started_at, current.step = e["timestamp"], e.get("step")
-            current.boundary_wait_s = round(epoch(e["timestamp"]) - epoch(current.requested_at), 3)
+            current.boundary_wait_s = round(iso_epoch(e["timestamp"]) - iso_epoch(current.requested_at), 3)
         elif name == "save_completed" and not e.get("requested"):
             report.trainer_saves.append({"at": e["timestamp"], "step": e.get("step"),
                                          "duration_s": e.get("duration_s"), "path": e.get("path")})
@@ -238,7 +226,7 @@ def _new_save(request: Event, first_plan: Event | None) -> SaveReport:
     save.planned_signal_at = plan.get("planned_at", plan.get("signal_at"))
     planned = _epoch_or_none(save.planned_signal_at)
     if planned is not None:
-        save.signal_late_s = round(epoch(request["timestamp"]) - planned, 3)
+        save.signal_late_s = round(iso_epoch(request["timestamp"]) - planned, 3)
     save.step_estimate_s = plan.get("step_estimate_s")
     save.save_estimate_s = plan.get("save_estimate_s")
     return save
@@ -269,7 +257,7 @@ def _pace_between_saves(saves: Sequence[SaveReport]) -> float | None:
     if len(done) < 2 or done[-1][0] <= done[0][0]:
         return None
     (first_step, _, first_end, _), (last_step, last_start, _, _) = done[0], done[-1]
-    span = epoch(last_start) - epoch(first_end) - sum(d[3] for d in done[1:-1])
+    span = iso_epoch(last_start) - iso_epoch(first_end) - sum(d[3] for d in done[1:-1])
     return round(span / (last_step - first_step), 3)
 
 
@@ -313,14 +301,14 @@ def _work_at_risk(report: RunReport, events: Sequence[Event], start: float, end:
         until, until_what = end, "the last line of the log (it stops without supervisor_exit)"
     if deadline is not None and deadline < until:
         until, until_what = deadline, "the deadline"
-    risk: dict[str, Any] = {"until": _iso(until), "until_what": until_what}
+    risk: dict[str, Any] = {"until": iso_utc(until), "until_what": until_what}
     if saved:
         last = saved[-1]
-        since = epoch(last["timestamp"])
+        since = iso_epoch(last["timestamp"])
         risk.update(since=last["timestamp"], since_what=f"checkpoint of step {last.get('step')}")
     else:
         since = start
-        risk.update(since=_iso(start), since_what="the start of the run, no checkpoint in it")
+        risk.update(since=iso_utc(start), since_what="the start of the run, no checkpoint in it")
     risk["seconds"] = round(max(0.0, until - since), 3)
     if report.child_exit and report.child_exit.get("code") == 0 and report.stop is None:
         risk["note"] = "the command finished by itself; what it wrote at the end is not counted"
@@ -349,7 +337,7 @@ def _epoch_or_none(value: Any) -> float | None:
     if not isinstance(value, str):
         return None
     try:
-        return epoch(value)
+        return iso_epoch(value)
     except ValueError:
         return None
 
@@ -362,12 +350,8 @@ def _number(value: Any) -> float:
 
 def _brief(event: Event, start: float) -> dict[str, Any]:
     fields = {k: v for k, v in event.items() if k not in _HEAD_KEYS}
-    return {"at": event["timestamp"], "after_start_s": round(epoch(event["timestamp"]) - start, 3),
+    return {"at": event["timestamp"], "after_start_s": round(iso_epoch(event["timestamp"]) - start, 3),
             "level": event.get("level"), "event": event["event"], "fields": fields}
-
-
-def _iso(epoch_s: float) -> str:
-    return iso_utc(epoch_s)
 
 
 def report(lines: Iterable[str], *, last_only: bool = False) -> tuple[list[RunReport], int]:

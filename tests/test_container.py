@@ -87,6 +87,6 @@ def test_pid_1_reaps_orphans(container: list[EsiwrapRun]) -> None:
 
 
 def _at(event: dict[str, object]) -> float:
-    from esiwrap.report import epoch
+    from esiwrap.deadline.value import iso_epoch
 
-    return epoch(str(event["timestamp"]))
+    return iso_epoch(str(event["timestamp"]))

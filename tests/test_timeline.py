@@ -198,6 +198,28 @@ def test_a_log_without_steps_or_deadline_still_draws(tmp_path: Path) -> None:
     assert len(spans) == 1
 
 
+def test_a_deadline_past_the_year_9999_in_utc_still_draws(tmp_path: Path) -> None:
+    """A deadline that parses but has no UTC calendar date (9999-12-31T23:59:59-12:00) is drawn
+    and labelled as an epoch: formatting a time never raises (it used to end in a traceback)."""
+    log = tmp_path / "far.jsonl"
+    events = [
+        {"event": "child_started", "pid": 7, "argv": ["python", "train.py"]},
+        {"event": "deadline_resolved", "source": "cli", "deadline": "9999-12-31T23:59:59-12:00"},
+        {"event": "trainer_attached", "pid": 7},
+        {"event": "child_exited", "pid": 7, "code": 0, "signal": None},
+        {"event": "supervisor_exit", "code": 0, "reason": "child exited"},
+    ]
+    lines = [json.dumps({"timestamp": f"2026-11-30T10:00:0{i}.000Z", "level": "info", "run_id": "r1", **e})
+             for i, e in enumerate(events)]
+    log.write_text("\n".join(lines) + "\n")
+    svg_file = tmp_path / "far.svg"
+    done = subprocess.run([PYTHON, "-m", "esiwrap", "report", str(log), "--svg", str(svg_file)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    texts = [t.text or "" for t in ET.parse(svg_file).getroot().iter("{http://www.w3.org/2000/svg}text")]
+    assert any("epoch 253402343999" in t for t in texts), texts
+
+
 def test_unwritable_output_is_one_line(tmp_path: Path) -> None:
     """--html into a directory that does not exist: one line naming the path, exit 2."""
     log = tmp_path / "l.jsonl"
