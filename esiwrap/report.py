@@ -36,6 +36,7 @@ from esiwrap.errors import (
     EXIT_SAVE_MISSED,
     EXIT_USAGE,
 )
+from esiwrap.policy import quantile
 
 Event = dict[str, Any]
 _DECODER = json.JSONDecoder()
@@ -239,7 +240,7 @@ def _steps(report: RunReport, events: Sequence[Event]) -> None:
     if durations:  # only with --log-level debug
         ordered = sorted(durations)
         steps.update(observed=len(durations), mean_s=round(sum(durations) / len(durations), 3),
-                     p99_s=round(ordered[max(0, math.ceil(0.99 * len(ordered)) - 1)], 3),
+                     p99_s=round(quantile(ordered, 0.99), 3),
                      max_s=round(ordered[-1], 3))
     estimates = [e.get("step_estimate_s") for e in events if e["event"] == "save_scheduled"]
     if estimates:

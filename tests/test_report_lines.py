@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 
-from esiwrap.report import event_of, read_events, split_runs
+from esiwrap.policy import quantile
+from esiwrap.report import event_of, read_events, split_runs, summarize
 
 EVENT = {"timestamp": "2026-11-30T02:00:00.000Z", "level": "info", "event": "child_started",
          "run_id": "abc123", "pid": 7}
@@ -36,3 +37,12 @@ def test_runs_are_split_by_run_id_in_start_order() -> None:
     assert [[e["event"] for e in run] for run in runs] == [
         ["child_started"], ["deadline_resolved", "child_started", "supervisor_exit"]]
     assert runs[0][0]["run_id"] == "def456"
+
+
+def test_step_quantile_is_the_policys_nearest_rank() -> None:
+    """The report's p99 step is `policy.quantile`'s nearest rank: a step that occurred, the same
+    figure the policy plans with (101 steps: the 100th longest, not an interpolation)."""
+    steps = [{**EVENT, "event": "step_observed", "step": i, "duration_s": float(i)} for i in range(1, 102)]
+    figures = summarize([EVENT, *steps]).steps
+    assert figures["p99_s"] == quantile([float(i) for i in range(1, 102)], 0.99) == 100.0
+    assert (figures["observed"], figures["max_s"]) == (101, 101.0)
