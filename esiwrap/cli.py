@@ -31,6 +31,7 @@ from esiwrap.deadline.registry import (
     build_sources,
     parse_source_names,
 )
+from esiwrap.envvars import COMMAND_ENV, LOG_FILE_ENV, PREFIX, STATUS_FILE_ENV
 from esiwrap.errors import (
     EXIT_FAILURE,
     EXIT_NO_DEADLINE,
@@ -48,8 +49,6 @@ if TYPE_CHECKING:
     from esiwrap.integrations.ray_nodes import NodeAnswers
 
 SUBCOMMANDS = ("deadline", "report", "status", "systemd-unit")
-COMMAND_ENV = "ESIWRAP_COMMAND"  # the command when none follows `--` (systemd environment files)
-LOG_FILE_ENV = "ESIWRAP_LOG_FILE"
 SAVE_SIGNALS = ("SIGUSR1", "SIGUSR2")
 STOP_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGKILL")
 
@@ -69,7 +68,7 @@ class Option:
 
     @property
     def env(self) -> str:
-        return "ESIWRAP_" + self.dest.upper()
+        return PREFIX + self.dest.upper()
 
     @property
     def default_text(self) -> str:
@@ -840,7 +839,6 @@ def _write_timelines(ns: argparse.Namespace, events: Sequence[Sequence[Any]], sk
 
 
 def build_status_parser() -> argparse.ArgumentParser:
-    from esiwrap.statusfile import STATUS_FILE_ENV
 
     parser = _Parser(prog="esiwrap status",
                      description="What each running esiwrap knows now: the deadline and its source, the "
@@ -869,7 +867,6 @@ def _pid_arg(text: str) -> int:
 
 def status_command(argv: Sequence[str], environ: Mapping[str, str]) -> int:
     from esiwrap import status
-    from esiwrap.statusfile import STATUS_FILE_ENV
 
     ns = build_status_parser().parse_args(list(argv))
     explicit = ns.status_file or environ.get(STATUS_FILE_ENV, "").strip() or None
@@ -998,7 +995,7 @@ def _settings(pairs: Sequence[str]) -> dict[str, str]:
         option = by_env.get(key)
         if option is not None:
             resolve_options(argparse.Namespace(), [option], {key: value})
-        elif key.startswith("ESIWRAP_"):
+        elif key.startswith(PREFIX):
             print(f"esiwrap: warning: --setenv {key}: not an esiwrap option (a typo?); written anyway",
                   file=sys.stderr)
         settings[key] = value

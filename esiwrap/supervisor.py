@@ -24,10 +24,11 @@ from typing import Any
 from esiwrap import controller as core
 from esiwrap import events as ev
 from esiwrap import process, state, systemd
-from esiwrap.channel import SIGNAL_ENV, SOCKET_ENV, ChannelServer, Message
+from esiwrap.channel import ChannelServer, Message
 from esiwrap.choices import AfterSave, OnSigterm
 from esiwrap.controller import Controller, ControllerConfig, Now
 from esiwrap.deadline import Source, ask, remote
+from esiwrap.envvars import RUN_ID_ENV, SIGNAL_ENV, SOCKET_ENV
 from esiwrap.errors import EXIT_FAILURE, CommandError, Halt
 from esiwrap.integrations import bootstrap_dir
 from esiwrap.log import get_logger
@@ -443,7 +444,7 @@ def child_environment(base: Mapping[str, str], socket_path: str, config: Supervi
     # Zero-code hooks (verl): our sitecustomize first, inert without the variables above.
     env["PYTHONPATH"] = os.pathsep.join(p for p in (bootstrap_dir(), base.get("PYTHONPATH", "")) if p)
     if config.run_id:
-        env["ESIWRAP_RUN_ID"] = config.run_id
+        env[RUN_ID_ENV] = config.run_id
     return env
 
 
