@@ -42,7 +42,7 @@ from esiwrap.errors import (
     UsageError,
 )
 from esiwrap.policy import PolicyConfig
-from esiwrap.signals import signal_number
+from esiwrap.signals import signal_label, signal_number
 
 if TYPE_CHECKING:
     from esiwrap.deadline import Deadline
@@ -80,7 +80,7 @@ class Option:
         if isinstance(value, bool):
             return "on" if value else "off"
         if self.dest in ("signal", "stop_signal"):
-            return signal.Signals(value).name
+            return signal_label(value)
         if isinstance(value, float):
             return f"{value:g}"
         return str(value)
@@ -164,7 +164,7 @@ def _state_file(text: str) -> str:
 def _signal_parser(allowed: Sequence[str]) -> Callable[[str], int]:
     def parse(text: str) -> int:
         signum = signal_number(text)
-        if signum is None or signal.Signals(signum).name not in allowed:
+        if signum is None or signal_label(signum) not in allowed:
             msg = f"must be one of {', '.join(allowed)}"
             raise ValueError(msg)
         return signum

@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import signal
 import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -37,6 +36,7 @@ from esiwrap.errors import (
     EXIT_USAGE,
 )
 from esiwrap.policy import quantile
+from esiwrap.signals import signal_label, signal_number
 
 Event = dict[str, Any]
 _DECODER = json.JSONDecoder()
@@ -282,11 +282,8 @@ def exit_meaning(code: Any) -> str | None:
         return None
     if code in EXIT_MEANINGS:
         return EXIT_MEANINGS[code]
-    if code > 128:
-        try:
-            return f"the command was killed by {signal.Signals(code - 128).name}"
-        except ValueError:
-            pass
+    if code > 128 and signal_number(str(code - 128)) is not None:
+        return f"the command was killed by {signal_label(code - 128)}"
     return "the command's own exit code"
 
 
