@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from esiwrap import __version__
-from esiwrap.choices import AFTER_SAVE, LOG_FORMATS, ON_SIGTERM
+from esiwrap.choices import AFTER_SAVE, LOG_FORMATS, LOG_LEVELS, ON_SIGTERM
 from esiwrap.deadline import Answer, TimeParseError, ask_all, parse_duration, parse_when, winner
 from esiwrap.deadline.metadata import AWS_METADATA_URL, VOLCENGINE_METADATA_URL
 from esiwrap.deadline.registry import (
@@ -266,8 +266,7 @@ LOG_OPTIONS = (
     Option("--log-file", _identity, None, "/var/log/esiwrap/job.jsonl", "also write JSON lines here"),
     Option("--log-format", _choice(LOG_FORMATS), None, "json",
            "json (default when stderr is not a terminal) or console", LOG_FORMATS),
-    Option("--log-level", _choice(("debug", "info", "warning", "error")), "info", "info",
-           "least severe level written", ("debug", "info", "warning", "error")),
+    Option("--log-level", _choice(LOG_LEVELS), "info", "info", "least severe level written", LOG_LEVELS),
 )
 
 def _port(text: str) -> int:

@@ -23,12 +23,11 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import IO, Any, Literal
+from typing import IO, Any
 
+from esiwrap.choices import LogFormat, LogLevel
 from esiwrap.deadline.value import iso_utc
 
-LogFormat = Literal["json", "console"]
-LEVELS = ("debug", "info", "warning", "error")
 SEVERITY = {"debug": 10, "info": 20, "warning": 30, "error": 40, "critical": 50}
 SYSLOG_PRIORITY = {"debug": 7, "info": 6, "warning": 4, "error": 3, "critical": 2}
 _FIRST_KEYS = ("timestamp", "level", "event", "run_id")
@@ -164,7 +163,7 @@ def is_journal(stream: IO[str], environ: Mapping[str, str]) -> bool:
 
 def configure(
     run_id: str,
-    level: str = "info",
+    level: LogLevel = "info",
     fmt: LogFormat | None = None,
     log_file: str | None = None,
     stream: IO[str] | None = None,

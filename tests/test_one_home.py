@@ -8,9 +8,12 @@ import ast
 import re
 from collections.abc import Iterator
 from pathlib import Path
+from typing import get_args
 
-from esiwrap import envvars
+from esiwrap import choices, envvars
 from esiwrap.cli import ALL_RUN_OPTIONS
+from esiwrap.controller import Mode
+from esiwrap.snapshot import PHASES
 
 PACKAGE = Path(envvars.__file__).resolve().parent
 SITECUSTOMIZE = PACKAGE / "_bootstrap" / "sitecustomize.py"
@@ -21,6 +24,16 @@ def package_sources(*leave_out: Path) -> Iterator[tuple[Path, ast.Module]]:
     for path in sorted(PACKAGE.rglob("*.py")):
         if path not in leave_out:
             yield path, ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+
+
+def literal_words(node: ast.AST) -> frozenset[str] | None:
+    """The words of a `Literal["a", "b"]` annotation; None for any other node."""
+    if not isinstance(node, ast.Subscript) or not isinstance(node.value, ast.Name):
+        return None
+    if node.value.id != "Literal":
+        return None
+    words = ast.literal_eval(node.slice)
+    return frozenset(words if isinstance(words, tuple) else (words,))
 
 
 def test_every_esiwrap_variable_name_is_spelled_in_envvars_only() -> None:
@@ -62,3 +75,24 @@ def test_the_verl_hook_watches_the_modules_the_patcher_knows() -> None:
                      for node in ast.walk(tree)
                      if isinstance(node, ast.Constant) and node.value == VERL_V1_MODULE]
     assert len(spelled) == 1, spelled
+
+
+def test_each_cli_choice_is_one_literal_in_choices() -> None:
+    """The words an option offers are its `Literal` type in `esiwrap.choices`; no other `Literal`
+    in the package spells the same words again."""
+    by_flag = {opt.flag: opt.choices for opt in ALL_RUN_OPTIONS}
+    assert by_flag["--after-save"] == choices.AFTER_SAVE == get_args(choices.AfterSave)
+    assert by_flag["--on-sigterm"] == choices.ON_SIGTERM == get_args(choices.OnSigterm)
+    assert by_flag["--log-format"] == choices.LOG_FORMATS == get_args(choices.LogFormat)
+    assert by_flag["--log-level"] == choices.LOG_LEVELS == get_args(choices.LogLevel)
+    offered = {frozenset(words) for words in by_flag.values() if words}
+    again = [f"{path.relative_to(PACKAGE)}:{node.lineno}"
+             for path, tree in package_sources(PACKAGE / "choices.py")
+             for node in ast.walk(tree)
+             if literal_words(node) in offered]
+    assert again == []
+
+
+def test_the_phases_shown_are_the_controllers_modes() -> None:
+    """Metrics and `esiwrap status` list the phases the snapshot names: the controller's modes."""
+    assert tuple(mode.value for mode in Mode) == PHASES
