@@ -25,6 +25,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from esiwrap import events as ev
 from esiwrap.deadline.value import iso_epoch, iso_utc
 from esiwrap.errors import (
     EXIT_CHECKPOINTED,
@@ -40,7 +41,7 @@ from esiwrap.signals import signal_label, signal_number
 
 Event = dict[str, Any]
 _DECODER = json.JSONDecoder()
-_NOT_IN_TIMELINE = frozenset({"step_observed"})
+_NOT_IN_TIMELINE = frozenset({ev.STEP_OBSERVED})
 _HEAD_KEYS = frozenset({"timestamp", "level", "event", "run_id"})
 EXIT_MEANINGS = {
     EXIT_OK: "the command finished",
@@ -153,7 +154,7 @@ def summarize(events: Sequence[Event]) -> RunReport:
     start, end = iso_epoch(first["timestamp"]), iso_epoch(last["timestamp"])
     report = RunReport(
         run_id=first["run_id"], started_at=first["timestamp"], ended_at=last["timestamp"],
-        duration_s=round(end - start, 3), complete=any(e["event"] == "supervisor_exit" for e in events),
+        duration_s=round(end - start, 3), complete=any(e["event"] == ev.SUPERVISOR_EXIT for e in events),
     )
     _deadlines(report, events, start)
     _saves(report, events)
@@ -169,19 +170,19 @@ def summarize(events: Sequence[Event]) -> RunReport:
 def _deadlines(report: RunReport, events: Sequence[Event], start: float) -> None:
     for e in events:
         name = e["event"]
-        if name == "child_started" and report.command is None:
+        if name == ev.CHILD_STARTED and report.command is None:
             argv = e.get("argv")
             report.command = [str(a) for a in argv] if isinstance(argv, list) else None
-        elif name == "deadline_resolved" and report.deadline is None:
+        elif name == ev.DEADLINE_RESOLVED and report.deadline is None:
             report.deadline = {"at": e.get("deadline"), "source": e.get("source"),
                                "remaining_s": e.get("remaining_s"), "logged_at": e["timestamp"],
                                "after_start_s": round(iso_epoch(e["timestamp"]) - start, 3)}
-        elif name == "deadline_changed":
+        elif name == ev.DEADLINE_CHANGED:
             moved = _seconds_between(e.get("old"), e.get("new"))
             report.deadline_changes.append({"logged_at": e["timestamp"], "old": e.get("old"),
                                             "new": e.get("new"), "source": e.get("source"),
                                             "moved_s": moved})
-        elif name == "deadline_unavailable":
+        elif name == ev.DEADLINE_UNAVAILABLE:
             report.deadline_unavailable.append({"source": e.get("source"), "reason": e.get("reason")})
 
 
@@ -190,27 +191,27 @@ def _saves(report: RunReport, events: Sequence[Event]) -> None:
     current: SaveReport | None = None
     for e in events:
         name = e["event"]
-        if name == "save_scheduled":
+        if name == ev.SAVE_SCHEDULED:
             first_plans.setdefault(str(e.get("kind")), e)
-        elif name == "save_requested":
+        elif name == ev.SAVE_REQUESTED:
             current = _new_save(e, first_plans.pop(str(e.get("kind")), None))
             report.saves.append(current)
-        elif (name == "save_started" and e.get("requested") and current is not None
+        elif (name == ev.SAVE_STARTED and e.get("requested") and current is not None
               and current.started_at is None):
             current.started_at, current.step = e["timestamp"], e.get("step")
             current.boundary_wait_s = round(iso_epoch(e["timestamp"]) - iso_epoch(current.requested_at), 3)
-        elif name == "save_completed" and not e.get("requested"):
+        elif name == ev.SAVE_COMPLETED and not e.get("requested"):
             report.trainer_saves.append({"at": e["timestamp"], "step": e.get("step"),
                                          "duration_s": e.get("duration_s"), "path": e.get("path")})
-        elif name == "save_completed" and current is not None:
+        elif name == ev.SAVE_COMPLETED and current is not None:
             current.outcome, current.completed_at = "completed", e["timestamp"]
             current.step = e.get("step", current.step)
             current.duration_s, current.path = e.get("duration_s"), e.get("path")
             current.remaining_s = e.get("remaining_s")
             current = None
-        elif name == "save_failed" and current is not None:
+        elif name == ev.SAVE_FAILED and current is not None:
             current.outcome = "failed"  # the trainer retries at its next boundary: it may still complete
-        elif name == "save_missed" and current is not None and current.outcome != "completed":
+        elif name == ev.SAVE_MISSED and current is not None and current.outcome != "completed":
             current.outcome = "missed"
             current.remaining_s = e.get("remaining_s")
 
@@ -235,14 +236,14 @@ def _new_save(request: Event, first_plan: Event | None) -> SaveReport:
 
 def _steps(report: RunReport, events: Sequence[Event]) -> None:
     durations = [float(e["duration_s"]) for e in events
-                 if e["event"] == "step_observed" and isinstance(e.get("duration_s"), (int, float))]
+                 if e["event"] == ev.STEP_OBSERVED and isinstance(e.get("duration_s"), (int, float))]
     steps: dict[str, Any] = {}
     if durations:  # only with --log-level debug
         ordered = sorted(durations)
         steps.update(observed=len(durations), mean_s=round(sum(durations) / len(durations), 3),
                      p99_s=round(quantile(ordered, 0.99), 3),
                      max_s=round(ordered[-1], 3))
-    estimates = [e.get("step_estimate_s") for e in events if e["event"] == "save_scheduled"]
+    estimates = [e.get("step_estimate_s") for e in events if e["event"] == ev.SAVE_SCHEDULED]
     if estimates:
         steps["last_estimate_s"] = estimates[-1]
     pace = _pace_between_saves(report.saves)
@@ -265,14 +266,14 @@ def _pace_between_saves(saves: Sequence[SaveReport]) -> float | None:
 def _ending(report: RunReport, events: Sequence[Event]) -> None:
     for e in events:
         name = e["event"]
-        if name == "child_stopping" and report.stop is None:
+        if name == ev.CHILD_STOPPING and report.stop is None:
             report.stop = {"at": e["timestamp"], "signal": e.get("signal"), "reason": e.get("reason"),
                            "grace_s": e.get("grace_s")}
-        elif name == "child_killed" and report.stop is not None:
+        elif name == ev.CHILD_KILLED and report.stop is not None:
             report.stop["killed"] = e.get("pids")
-        elif name == "child_exited":
+        elif name == ev.CHILD_EXITED:
             report.child_exit = {"at": e["timestamp"], "code": e.get("code"), "signal": e.get("signal")}
-        elif name == "supervisor_exit":
+        elif name == ev.SUPERVISOR_EXIT:
             report.exit_code, report.exit_reason = e.get("code"), e.get("reason")
             report.exit_meaning = exit_meaning(report.exit_code)
 
@@ -289,7 +290,7 @@ def exit_meaning(code: Any) -> str | None:
 
 def _work_at_risk(report: RunReport, events: Sequence[Event], start: float, end: float) -> dict[str, Any]:
     """Training time after the last completed checkpoint, up to where the run's work ended."""
-    saved = [e for e in events if e["event"] == "save_completed"]
+    saved = [e for e in events if e["event"] == ev.SAVE_COMPLETED]
     deadline = _final_deadline(report)
     if report.complete:
         until, until_what = end, "the end of the run"

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from esiwrap import events as ev
 from esiwrap.deadline.value import iso_epoch, iso_utc
 from esiwrap.report import Event, RunReport, render_text, summarize
 
@@ -36,7 +37,7 @@ COLORS = {
     "grid": "#e6e6e6",
 }
 OFF_SCALE = 1.5  # a deadline later than the end by more than 1.5 times the run: drawn at the edge
-_DRAWN_ELSEWHERE = frozenset({"deadline_changed"})  # warnings the deadline lane already shows
+_DRAWN_ELSEWHERE = frozenset({ev.DEADLINE_CHANGED})  # warnings the deadline lane already shows
 MAX_STEP_RECTS = 1500  # beyond this, the training band is one bar with step numbers on it
 
 
@@ -99,17 +100,17 @@ def facts_of(events: Sequence[Event]) -> Facts:
 def _steps(events: Sequence[Event]) -> list[tuple[float, float, int]]:
     steps = []
     for e in events:
-        if e["event"] == "step_observed" and isinstance(e.get("duration_s"), (int, float)):
+        if e["event"] == ev.STEP_OBSERVED and isinstance(e.get("duration_s"), (int, float)):
             end = iso_epoch(e["timestamp"])
             steps.append((end - float(e["duration_s"]), end, int(e.get("step") or 0)))
     return steps
 
 
 def _attached(events: Sequence[Event], end: float) -> tuple[float, float] | None:
-    begin = next((iso_epoch(e["timestamp"]) for e in events if e["event"] == "trainer_attached"), None)
+    begin = next((iso_epoch(e["timestamp"]) for e in events if e["event"] == ev.TRAINER_ATTACHED), None)
     if begin is None:
         return None
-    stop = next((iso_epoch(e["timestamp"]) for e in events if e["event"] == "child_exited"), end)
+    stop = next((iso_epoch(e["timestamp"]) for e in events if e["event"] == ev.CHILD_EXITED), end)
     return begin, stop
 
 
@@ -142,16 +143,16 @@ def _signals(events: Sequence[Event], run: RunReport) -> list[tuple[float, str, 
     marks: list[tuple[float, str, str, str]] = []
     for e in events:
         name, at = e["event"], iso_epoch(e["timestamp"])
-        if name == "save_requested" and e.get("pids"):
+        if name == ev.SAVE_REQUESTED and e.get("pids"):
             marks.append((at, "signal", f"{e.get('signal') or 'SIGUSR1'} → {_pids(e.get('pids'))}", ""))
-        elif name == "child_stopping":
+        elif name == ev.CHILD_STOPPING:
             marks.append((at, "stop", str(e.get("signal")), f"stop: {e.get('reason')}"))
-        elif name == "child_killed":
+        elif name == ev.CHILD_KILLED:
             marks.append((at, "kill", f"SIGKILL → {_pids(e.get('pids'))}", ""))
-        elif name == "child_exited":
+        elif name == ev.CHILD_EXITED:
             how = str(e.get("signal")) if e.get("signal") else f"exit {e.get('code')}"
             marks.append((at, "exit", f"child: {how}", ""))
-        elif name == "supervisor_exit":
+        elif name == ev.SUPERVISOR_EXIT:
             marks.append((at, "exit", f"esiwrap: exit {e.get('code')}", str(e.get("reason") or "")))
     return marks
 

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import get_args
 
-from esiwrap import choices, envvars
+from esiwrap import choices, envvars, events
 from esiwrap.cli import ALL_RUN_OPTIONS
 from esiwrap.controller import Mode
 from esiwrap.snapshot import PHASES
@@ -96,3 +96,44 @@ def test_each_cli_choice_is_one_literal_in_choices() -> None:
 def test_the_phases_shown_are_the_controllers_modes() -> None:
     """Metrics and `esiwrap status` list the phases the snapshot names: the controller's modes."""
     assert tuple(mode.value for mode in Mode) == PHASES
+
+
+READERS = (PACKAGE / "report.py", PACKAGE / "timeline.py")
+
+
+def event_constants_used(tree: ast.Module) -> set[str]:
+    """`ev.X` / `events.X` in one module (`from esiwrap import events [as ev]`)."""
+    aliases = {alias.asname or alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+               and node.module == "esiwrap" for alias in node.names if alias.name == "events"}
+    return {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name) and node.value.id in aliases}
+
+
+def test_report_and_timeline_read_only_events_that_exist() -> None:
+    """Every event `esiwrap report` and its timeline read is an `events` constant, and so a name
+    in `events.ALL`; neither spells an event name as a string of its own."""
+    for path in READERS:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        read = event_constants_used(tree)
+        assert read, path
+        assert {getattr(events, name) for name in read} <= events.ALL, path
+        spelled = [node.lineno for node in ast.walk(tree)
+                   if isinstance(node, ast.Constant) and node.value in events.ALL]
+        assert spelled == [], (path, spelled)
+
+
+def test_every_event_is_emitted_somewhere() -> None:
+    """Each constant in `events` is logged by some module of the package (report and timeline
+    only read): no event is documented that nothing writes."""
+    emitted = set().union(*(event_constants_used(tree)
+                            for _, tree in package_sources(*READERS, PACKAGE / "events.py")))
+    constants = {name for name, value in vars(events).items() if name.isupper() and value in events.ALL}
+    assert constants - emitted == set()
+
+
+def test_every_event_is_in_the_readmes_logs_table() -> None:
+    """README.md's Logs table has a row for each event, and no row for an event that is not one."""
+    readme = (PACKAGE.parent / "README.md").read_text(encoding="utf-8")
+    table = readme.split("\n## Logs\n", 1)[1].split("\n## ", 1)[0]
+    rows = set(re.findall(r"^\| `([a-z_]+)`", table, re.MULTILINE))
+    assert rows == set(events.ALL)
