@@ -151,10 +151,6 @@ class ChannelClient:
     def from_env(cls) -> ChannelClient:
         return cls(os.environ.get(SOCKET_ENV) or None)
 
-    @property
-    def connected(self) -> bool:
-        return self.path is not None
-
     def send(self, message_type: str, **fields: Any) -> bool:
         if self.path is None:
             return False

@@ -24,9 +24,6 @@ class Deadline:
     def iso(self) -> str:
         return iso_utc(self.at)
 
-    def remaining_s(self, now: float) -> float:
-        return self.at - now
-
 
 def iso_utc(epoch_s: float, timespec: Literal["milliseconds", "seconds"] = "milliseconds") -> str:
     """Epoch seconds as ISO-8601 UTC, e.g. 2026-11-30T02:15:11.123Z (`timespec="seconds"`:
