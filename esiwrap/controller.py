@@ -79,6 +79,7 @@ class ControllerConfig:
     after_save: AfterSave = "stop"
     on_sigterm: OnSigterm = "checkpoint"
     signal_child: bool = False
+    stop_budget_s: float | None = None  # what the platform gives a stop before SIGKILL, if declared
 
 
 # ---------------------------------------------------------------------------------- events
@@ -86,6 +87,7 @@ class ControllerConfig:
 class ChildStarted:
     pid: int
     argv: tuple[str, ...] = ()
+    settings: Mapping[str, Any] = field(default_factory=dict)  # the run options, for the log
 
 
 @dataclass(frozen=True)
@@ -286,6 +288,7 @@ class Controller:
         self.stop: StopState | None = None
         self._exited = False
         self._out: list[Action] = []
+        self._budget_warned_s = 0.0  # the stop needed this long when --stop-budget was last warned
         self.saves_completed = self.saves_failed = self.saves_missed = 0  # for the metrics
         self.last_checkpoint_at: float | None = None  # wall time the last completed save ended
 
@@ -367,7 +370,8 @@ class Controller:
     # ------------------------------------------------------------------ child and trainers
     def _on_child_started(self, event: ChildStarted, now: Now) -> None:
         self.child_pid = event.pid
-        self._log("info", ev.CHILD_STARTED, pid=event.pid, argv=list(event.argv))
+        settings = {"settings": dict(event.settings)} if event.settings else {}
+        self._log("info", ev.CHILD_STARTED, pid=event.pid, argv=list(event.argv), **settings)
 
     def _on_hello(self, event: Hello, now: Now) -> None:
         if event.wants_signal and not event.descendant:
@@ -380,6 +384,7 @@ class Controller:
         )
         self._log("info", ev.TRAINER_ATTACHED, pid=event.pid, **event.fields)
         self.obs.trainer_started(now.wall)
+        self._check_stop_budget()
         request = self.request
         if request is not None and not self.config.signal_child and event.wants_signal \
                 and event.pid not in request.signalled:
@@ -420,6 +425,7 @@ class Controller:
             return
         interval = self.obs.record_step(event.step, event.duration_s, now.wall)
         self._log("debug", ev.STEP_OBSERVED, step=event.step, duration_s=_round(interval))
+        self._check_stop_budget()
         self._replan(now)
 
     def _adopt_peer_request(self, event: SaveBegin | SaveSnapshot | SaveEnd, now: Now) -> None:
@@ -512,6 +518,7 @@ class Controller:
     ) -> None:
         self.saves_completed += 1
         self.last_checkpoint_at = now.wall
+        self._check_stop_budget()
         paths = sorted({m.path for m in messages if m.path})
         self._log(
             "info", ev.SAVE_COMPLETED, step=step, requested=requested, kind=kind or None,
@@ -519,6 +526,26 @@ class Controller:
             path=paths[0] if len(paths) == 1 else (paths or None),
             remaining_s=self._remaining(now),
         )
+
+    def _check_stop_budget(self) -> None:
+        """A stop the platform cuts short (SIGKILL after `--stop-budget`) loses the checkpoint
+        being written: warn when the rest of a step, a save and `--stop-grace` do not fit in it,
+        again only when what is needed grows by a fifth."""
+        budget = self.config.stop_budget_s
+        if budget is None:
+            return
+        step = self.current_step_estimate_s() or 0.0
+        measured = self.obs.longest_save_s
+        save = measured if measured is not None else self.config.policy.save_duration_s
+        needed = step + save + self.config.stop_grace_s
+        if needed <= budget or needed <= self._budget_warned_s * 1.2:
+            return
+        self._budget_warned_s = needed
+        self._log("warning", ev.STOP_BUDGET_TOO_SMALL, budget_s=_round(budget), needed_s=_round(needed),
+                  step_s=_round(step), save_s=_round(save), stop_grace_s=_round(self.config.stop_grace_s),
+                  fix=f"raise the platform's stop budget to at least {math.ceil(needed)} s (docker stop -t, "
+                  "terminationGracePeriodSeconds, TimeoutStopSec) and --stop-budget with it, or lower "
+                  "--stop-grace if the trainer exits sooner")
 
     # ------------------------------------------------------------------ signals to esiwrap
     def _on_signal_received(self, event: SignalReceived, now: Now) -> None:
