@@ -26,7 +26,8 @@ import enum
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from types import MappingProxyType
+from typing import Any, Literal, NamedTuple
 
 from esiwrap import events as ev
 from esiwrap.choices import AfterSave, OnSigterm
@@ -55,6 +56,11 @@ DEADLINE_CHANGE_S = 1.0  # smaller moves are the same deadline said twice
 SAVE_WRITE_GRACE_FACTOR = 3.0  # a save being written may run this many estimates before it is cut off
 
 
+# Events and actions are NamedTuples: as light to make as a tuple, and cheap to define (esiwrap's
+# start-up imports them all).
+NO_FIELDS: Mapping[str, Any] = MappingProxyType({})
+
+
 class Mode(enum.Enum):
     RUNNING = "running"
     SAVE_REQUESTED = "save_requested"
@@ -64,8 +70,7 @@ class Mode(enum.Enum):
     KILLING = "killing"
 
 
-@dataclass(frozen=True)
-class Now:
+class Now(NamedTuple):
     wall: float  # epoch seconds: deadlines
     mono: float  # monotonic seconds: waits and grace periods
 
@@ -83,47 +88,41 @@ class ControllerConfig:
 
 
 # ---------------------------------------------------------------------------------- events
-@dataclass(frozen=True)
-class ChildStarted:
+class ChildStarted(NamedTuple):
     pid: int
     argv: tuple[str, ...] = ()
-    settings: Mapping[str, Any] = field(default_factory=dict)  # the run options, for the log
+    settings: Mapping[str, Any] = NO_FIELDS  # the run options, for the log
 
 
-@dataclass(frozen=True)
-class Hello:
+class Hello(NamedTuple):
     pid: int
     rank: int = 0
     saves: bool = True
     wants_signal: bool = True
     stop_signal: str | None = None
     descendant: bool = True  # the shell checked: the process is in esiwrap's own tree
-    fields: Mapping[str, Any] = field(default_factory=dict)
+    fields: Mapping[str, Any] = NO_FIELDS
 
 
-@dataclass(frozen=True)
-class TrainerGone:
+class TrainerGone(NamedTuple):
     """A trainer said bye, or its process exited."""
 
     pid: int
 
 
-@dataclass(frozen=True)
-class Step:
+class Step(NamedTuple):
     pid: int
     step: int
     duration_s: float
 
 
-@dataclass(frozen=True)
-class SaveBegin:
+class SaveBegin(NamedTuple):
     pid: int
     step: int
     peer: bool = False  # another node's esiwrap asked for this save (multi-node torchrun)
 
 
-@dataclass(frozen=True)
-class SaveSnapshot:
+class SaveSnapshot(NamedTuple):
     """An asynchronous save's blocking part is done: training goes on while the write continues."""
 
     pid: int
@@ -132,8 +131,7 @@ class SaveSnapshot:
     peer: bool = False
 
 
-@dataclass(frozen=True)
-class SaveEnd:
+class SaveEnd(NamedTuple):
     pid: int
     step: int
     ok: bool = True
@@ -143,26 +141,22 @@ class SaveEnd:
     peer: bool = False
 
 
-@dataclass(frozen=True)
-class DeadlineAnswers:
+class DeadlineAnswers(NamedTuple):
     answers: tuple[Answer, ...]
 
 
-@dataclass(frozen=True)
-class SignalReceived:
+class SignalReceived(NamedTuple):
     name: str  # "SIGTERM"
 
 
-@dataclass(frozen=True)
-class ChildExited:
+class ChildExited(NamedTuple):
     pid: int
     code: int | None  # None when killed by a signal
     signal: str | None = None
     signum: int = 0
 
 
-@dataclass(frozen=True)
-class TreeChecked:
+class TreeChecked(NamedTuple):
     """While stopping, after every wake-up: how many processes of the child's tree are left."""
 
     remaining: int
@@ -176,49 +170,41 @@ Event = (
 
 
 # ---------------------------------------------------------------------------------- actions
-@dataclass(frozen=True)
-class SendSignal:
+class SendSignal(NamedTuple):
     pids: tuple[int, ...]
     signal: str
 
 
-@dataclass(frozen=True)
-class StopChild:
+class StopChild(NamedTuple):
     """Remember the child's tree, then send the child the first signal of the stop sequence
     (None: only remember the tree, a KillTree follows)."""
 
     signal: str | None
 
 
-@dataclass(frozen=True)
 class KillTree:
     """SIGKILL to every remaining process of the child's tree."""
 
 
-@dataclass(frozen=True)
 class TermLeftovers:
     """The child is gone: SIGTERM to what is left of its tree."""
 
 
-@dataclass(frozen=True)
-class Log:
+class Log(NamedTuple):
     level: Level
     event: str
     fields: Mapping[str, Any]
 
 
-@dataclass(frozen=True)
 class NotifyStopping:
     """Tell the service manager we are on our way out."""
 
 
-@dataclass(frozen=True)
-class ExtendStopTimeout:
+class ExtendStopTimeout(NamedTuple):
     seconds: float
 
 
-@dataclass(frozen=True)
-class Exit:
+class Exit(NamedTuple):
     code: int
     reason: str
 
