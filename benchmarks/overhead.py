@@ -20,16 +20,21 @@ import re
 import resource
 import shutil
 import signal
+import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import psutil
+
+from esiwrap.envvars import PREFIX, SOCKET_ENV
+from esiwrap.policy import quantile
 
 HEAVY_MODULES = ("torch", "verl", "ray", "transformers", "numpy", "volcenginesdkcore", "volcenginesdkecs")
 IMPORT_TARGETS = ("esiwrap", "esiwrap.cli", "esiwrap.trainer", "esiwrap.supervisor")
@@ -42,7 +47,7 @@ def child_env() -> dict[str, str]:
     with bytecode caching on: a user's install has .pyc files, while PYTHONDONTWRITEBYTECODE (set
     on some machines, this one included) would recompile esiwrap at every start."""
     return {k: v for k, v in os.environ.items()
-            if not k.startswith("ESIWRAP_") and k != "PYTHONDONTWRITEBYTECODE"}
+            if not k.startswith(PREFIX) and k != "PYTHONDONTWRITEBYTECODE"}
 
 
 def warm_up(python: str) -> None:
@@ -60,13 +65,11 @@ def esiwrap_command(python: str = sys.executable) -> list[str]:
 
 
 def spread(values: Sequence[float], scale: float = 1.0) -> dict[str, float]:
+    """Median, nearest-rank p10/p90/p99 (`policy.quantile`: values that occurred), min and max."""
     ordered = sorted(v * scale for v in values)
-
-    def rank(q: float) -> float:
-        return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
-
-    return {"n": len(ordered), "median": statistics.median(ordered), "p10": rank(0.10),
-            "p90": rank(0.90), "p99": rank(0.99), "min": ordered[0], "max": ordered[-1]}
+    return {"n": len(ordered), "median": statistics.median(ordered), "p10": quantile(ordered, 0.10),
+            "p90": quantile(ordered, 0.90), "p99": quantile(ordered, 0.99), "min": ordered[0],
+            "max": ordered[-1]}
 
 
 def machine() -> dict[str, Any]:
@@ -85,17 +88,32 @@ def machine() -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------------- 1. idle supervisor
-def idle_supervisor(seconds: float) -> dict[str, Any]:
-    """esiwrap supervising `sleep` with a deadline hours away: CPU over the window, RSS at its end."""
+def idle_supervisor(seconds: float, metrics: bool = False) -> dict[str, Any]:
+    """esiwrap supervising `sleep` with a deadline hours away: CPU over the window, RSS at its end.
+    With `metrics`, the metrics file, the metrics endpoint and the status file are on, and the
+    endpoint is scraped once a second (as Prometheus would, if much more often)."""
     settle = min(2.0, seconds / 4)
-    cmd = [*esiwrap_command(), "--deadline", "+2h", "--on-sigterm", "forward", "--", "sleep", "3600"]
+    extra: list[str] = []
+    url = None
+    if metrics:
+        scratch, port = tempfile.mkdtemp(prefix="esiwrap-overhead-"), _free_port()
+        extra = ["--metrics-file", os.path.join(scratch, "esiwrap.prom"), "--metrics-port", str(port),
+                 "--status-file", os.path.join(scratch, "status.json")]
+        url = f"http://127.0.0.1:{port}/metrics"
+    cmd = [*esiwrap_command(), "--deadline", "+2h", "--on-sigterm", "forward", *extra, "--", "sleep", "3600"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=child_env())
     try:
         sup = psutil.Process(proc.pid)
         time.sleep(settle)  # start-up is measured separately; this is the idle loop alone
         cpu0, wall0 = sup.cpu_times(), time.monotonic()
         startup_cpu = cpu0.user + cpu0.system
-        time.sleep(seconds)
+        scrapes = 0
+        while time.monotonic() - wall0 < seconds:
+            if url is not None:
+                with urllib.request.urlopen(url, timeout=5) as answer:
+                    answer.read()
+                scrapes += 1
+            time.sleep(1.0 if url is not None else seconds)
         cpu1, wall1 = sup.cpu_times(), time.monotonic()
         memory = sup.memory_full_info()
     finally:
@@ -111,7 +129,14 @@ def idle_supervisor(seconds: float) -> dict[str, Any]:
         "cpu_percent": round(100.0 * used / (wall1 - wall0), 4),
         "startup_cpu_s": round(startup_cpu, 3),
         "rss_mb": round(memory.rss / 2**20, 1), "uss_mb": round(memory.uss / 2**20, 1),
+        "scrapes": scrapes,
     }
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
 
 
 # ---------------------------------------------------------------------------------- 2. esiwrap -- true
@@ -183,7 +208,7 @@ def trainer_loop_child(calls: int, pace_s: float, with_torch: bool) -> None:
         if pace_s:
             time.sleep(pace_s)  # not timed: as between real steps, caches go cold, the socket drains
     esi.uninstall()
-    print(json.dumps({"us": spread(samples, 1e-3), "connected": bool(os.environ.get("ESIWRAP_SOCKET"))}))
+    print(json.dumps({"us": spread(samples, 1e-3), "connected": bool(os.environ.get(SOCKET_ENV))}))
 
 
 TRAINER_VARIANTS = (
@@ -359,6 +384,15 @@ def markdown(r: dict[str, Any]) -> str:
             f"| supervisor RSS (USS) | {idle['rss_mb']} MB ({idle['uss_mb']} MB) | ≤ 40 MB |",
             f"| supervisor start-up CPU | {idle['startup_cpu_s']:.2f} s | |",
         ]
+    metered = r.get("idle_metrics")
+    if metered:
+        lines += [
+            f"| supervisor CPU while idle, metrics file + endpoint + status file on, scraped every second "
+            f"({metered['scrapes']} scrapes in {metered['window_s']:.0f} s) | {metered['cpu_percent']:.3f} % "
+            f"({metered['cpu_s']:.3f} s CPU) | ≤ 0.1 % |",
+            f"| supervisor RSS (USS), metrics on | {metered['rss_mb']} MB ({metered['uss_mb']} MB) "
+            "| ≤ 40 MB |",
+        ]
     wrap = r.get("wrap")
     if wrap:
         lines += [
@@ -434,6 +468,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         warm_up(ns.bare_python)
     if "idle" in only:
         report["idle"] = idle_supervisor(idle_s)
+        report["idle_metrics"] = idle_supervisor(idle_s, metrics=True)
     if "wrap" in only:
         report["wrap"] = wrap_overhead(repeat)
     if "trainer" in only:

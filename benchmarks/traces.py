@@ -38,7 +38,9 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
+
+from esiwrap.replay import DeadlineChange, Trace
 
 
 @dataclass(frozen=True)
@@ -62,41 +64,7 @@ class Params:
     async_block: float = 0.1
 
 
-@dataclass(frozen=True)
-class DeadlineChange:
-    at: float  # when the policies learn it
-    deadline: float
-
-
-@dataclass(frozen=True)
-class Scenario:
-    """One run: step k (1-based) takes steps[k-1]; a save at its boundary takes saves[k-1]."""
-
-    family: str
-    steps: list[float]
-    saves: list[float]
-    deadline: float  # known at time 0
-    reclaim_at: float  # when the capacity really goes (the last deadline minus the offset)
-    changes: list[DeadlineChange] = field(default_factory=list)
-    own_save_every: int = 0  # the trainer saves on its own at every k-th boundary (0: never)
-    blocking: list[float] | None = None  # asynchronous saves: the part that stops training
-    prior_steps: tuple[float, ...] = ()  # a state file from the previous run: step intervals...
-    prior_saves: tuple[float, ...] = ()  # ...and measured saves
-
-    def blocking_s(self, step: int) -> float:
-        """How long a save at this step's boundary stops training."""
-        return self.saves[step - 1] if self.blocking is None else self.blocking[step - 1]
-
-    def own_save(self, step: int) -> bool:
-        return self.own_save_every > 0 and step % self.own_save_every == 0
-
-    def boundaries(self) -> list[float]:
-        """End of every step on the training clock (no saves in between): the progress made."""
-        out, total = [], 0.0
-        for duration in self.steps:
-            total += duration
-            out.append(total)
-        return out
+Scenario = Trace  # one run of a family: `esiwrap.replay.Trace`
 
 
 def _positive(value: float, floor: float) -> float:

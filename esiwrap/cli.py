@@ -252,6 +252,9 @@ RUN_OPTIONS = (
            "once the last planned save is acknowledged: stop the child, let it train until the stop "
            "must begin (linger: a later deadline is followed), or leave it running", AFTER_SAVE),
     Option("--stop-grace", _seconds, 30.0, "30", "seconds between the stop signal and SIGKILL"),
+    Option("--stop-budget", _seconds, None, "30",
+           "seconds the platform gives a stop before its SIGKILL (docker stop: 10, Kubernetes: 30); "
+           "warns when a step, a save and --stop-grace do not fit"),
     Option("--on-sigterm", _choice(ON_SIGTERM), "checkpoint", "checkpoint",
            "SIGTERM to esiwrap: save first, or just forward", ON_SIGTERM),
     Option("--signal", _signal_parser(SAVE_SIGNALS), int(signal.SIGUSR1), "SIGUSR1",
@@ -476,6 +479,8 @@ def supervisor_config(command: Sequence[str], values: Mapping[str, Any], run_id:
         signal_child=values["signal_child"],
         run_id=run_id,
         state_file=values["state_file"],
+        stop_budget_s=values["stop_budget"],
+        settings={opt.flag: values[opt.dest] for opt in RUN_OPTIONS},
     )
 
 
@@ -795,6 +800,9 @@ def build_report_parser() -> argparse.ArgumentParser:
     parser.add_argument("--html", metavar="OUT.html",
                         help="write a self-contained page: each run's timeline picture and figures")
     parser.add_argument("--svg", metavar="OUT.svg", help="write the timeline picture(s) as one SVG file")
+    parser.add_argument("--what-if", metavar="OPTIONS",
+                        help="replay each run's measured steps and saves with these run options "
+                        "(e.g. '--redundant-time 60 --final-margin 5') and compare")
     return parser
 
 
@@ -815,8 +823,36 @@ def report_command(argv: Sequence[str]) -> int:
         if not ns.json:
             return EXIT_OK
     runs = [report.summarize(run) for run in events]
-    print(report.to_json(runs, skipped) if ns.json else report.render_text(runs, skipped), end="")
+    replays = _what_ifs(events, ns.what_if) if ns.what_if is not None else None
+    if ns.json:
+        document = json.loads(report.to_json(runs, skipped))
+        if replays is not None:
+            document["what_if"] = [r.to_dict() if not isinstance(r, str) else {"error": r} for r in replays]
+        print(json.dumps(document, indent=2))
+        return EXIT_OK
+    print(report.render_text(runs, skipped), end="")
+    for run, replayed in zip(runs, replays or [], strict=False):
+        from esiwrap import whatif
+
+        print(f"run {run.run_id}")
+        print(whatif.render(replayed) if not isinstance(replayed, str) else f"  what if   {replayed}")
     return EXIT_OK
+
+
+def _what_ifs(events: Sequence[Sequence[Any]], options: str) -> list[Any]:
+    """Each run replayed with `options`; a run that cannot be replayed gets its reason instead. A
+    bad option is one line and exit 2."""
+    from esiwrap import whatif
+
+    results: list[Any] = []
+    for run in events:
+        try:
+            results.append(whatif.what_if(list(run), options))
+        except whatif.WhatIfError as exc:
+            if str(exc).startswith("--what-if"):
+                fail(str(exc))
+            results.append(str(exc))
+    return results
 
 
 def _write_timelines(ns: argparse.Namespace, events: Sequence[Sequence[Any]], skipped: int) -> None:

@@ -26,7 +26,8 @@ import enum
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from types import MappingProxyType
+from typing import Any, NamedTuple
 
 from esiwrap import events as ev
 from esiwrap.choices import AfterSave, LogLevel, OnSigterm
@@ -53,6 +54,11 @@ DEADLINE_CHANGE_S = 1.0  # smaller moves are the same deadline said twice
 SAVE_WRITE_GRACE_FACTOR = 3.0  # a save being written may run this many estimates before it is cut off
 
 
+# Events and actions are NamedTuples: as light to make as a tuple, and cheap to define (esiwrap's
+# start-up imports them all).
+NO_FIELDS: Mapping[str, Any] = MappingProxyType({})
+
+
 class Mode(enum.Enum):
     RUNNING = "running"
     SAVE_REQUESTED = "save_requested"
@@ -62,8 +68,7 @@ class Mode(enum.Enum):
     KILLING = "killing"
 
 
-@dataclass(frozen=True)
-class Now:
+class Now(NamedTuple):
     wall: float  # epoch seconds: deadlines
     mono: float  # monotonic seconds: waits and grace periods
 
@@ -77,49 +82,45 @@ class ControllerConfig:
     after_save: AfterSave = "stop"
     on_sigterm: OnSigterm = "checkpoint"
     signal_child: bool = False
+    stop_budget_s: float | None = None  # what the platform gives a stop before SIGKILL, if declared
 
 
 # ---------------------------------------------------------------------------------- events
-@dataclass(frozen=True)
-class ChildStarted:
+class ChildStarted(NamedTuple):
     pid: int
     argv: tuple[str, ...] = ()
+    settings: Mapping[str, Any] = NO_FIELDS  # the run options, for the log
 
 
-@dataclass(frozen=True)
-class Hello:
+class Hello(NamedTuple):
     pid: int
     rank: int = 0
     saves: bool = True
     wants_signal: bool = True
     stop_signal: str | None = None
     descendant: bool = True  # the shell checked: the process is in esiwrap's own tree
-    fields: Mapping[str, Any] = field(default_factory=dict)
+    fields: Mapping[str, Any] = NO_FIELDS
 
 
-@dataclass(frozen=True)
-class TrainerGone:
+class TrainerGone(NamedTuple):
     """A trainer said bye, or its process exited."""
 
     pid: int
 
 
-@dataclass(frozen=True)
-class Step:
+class Step(NamedTuple):
     pid: int
     step: int
     duration_s: float
 
 
-@dataclass(frozen=True)
-class SaveBegin:
+class SaveBegin(NamedTuple):
     pid: int
     step: int
     peer: bool = False  # another node's esiwrap asked for this save (multi-node torchrun)
 
 
-@dataclass(frozen=True)
-class SaveSnapshot:
+class SaveSnapshot(NamedTuple):
     """An asynchronous save's blocking part is done: training goes on while the write continues."""
 
     pid: int
@@ -128,8 +129,7 @@ class SaveSnapshot:
     peer: bool = False
 
 
-@dataclass(frozen=True)
-class SaveEnd:
+class SaveEnd(NamedTuple):
     pid: int
     step: int
     ok: bool = True
@@ -139,26 +139,22 @@ class SaveEnd:
     peer: bool = False
 
 
-@dataclass(frozen=True)
-class DeadlineAnswers:
+class DeadlineAnswers(NamedTuple):
     answers: tuple[Answer, ...]
 
 
-@dataclass(frozen=True)
-class SignalReceived:
+class SignalReceived(NamedTuple):
     name: str  # "SIGTERM"
 
 
-@dataclass(frozen=True)
-class ChildExited:
+class ChildExited(NamedTuple):
     pid: int
     code: int | None  # None when killed by a signal
     signal: str | None = None
     signum: int = 0
 
 
-@dataclass(frozen=True)
-class TreeChecked:
+class TreeChecked(NamedTuple):
     """While stopping, after every wake-up: how many processes of the child's tree are left."""
 
     remaining: int
@@ -172,49 +168,41 @@ Event = (
 
 
 # ---------------------------------------------------------------------------------- actions
-@dataclass(frozen=True)
-class SendSignal:
+class SendSignal(NamedTuple):
     pids: tuple[int, ...]
     signal: str
 
 
-@dataclass(frozen=True)
-class StopChild:
+class StopChild(NamedTuple):
     """Remember the child's tree, then send the child the first signal of the stop sequence
     (None: only remember the tree, a KillTree follows)."""
 
     signal: str | None
 
 
-@dataclass(frozen=True)
 class KillTree:
     """SIGKILL to every remaining process of the child's tree."""
 
 
-@dataclass(frozen=True)
 class TermLeftovers:
     """The child is gone: SIGTERM to what is left of its tree."""
 
 
-@dataclass(frozen=True)
-class Log:
+class Log(NamedTuple):
     level: LogLevel
     event: str
     fields: Mapping[str, Any]
 
 
-@dataclass(frozen=True)
 class NotifyStopping:
     """Tell the service manager we are on our way out."""
 
 
-@dataclass(frozen=True)
-class ExtendStopTimeout:
+class ExtendStopTimeout(NamedTuple):
     seconds: float
 
 
-@dataclass(frozen=True)
-class Exit:
+class Exit(NamedTuple):
     code: int
     reason: str
 
@@ -284,6 +272,7 @@ class Controller:
         self.stop: StopState | None = None
         self._exited = False
         self._out: list[Action] = []
+        self._budget_warned_s = 0.0  # the stop needed this long when --stop-budget was last warned
         self.saves_completed = self.saves_failed = self.saves_missed = 0  # for the metrics
         self.last_checkpoint_at: float | None = None  # wall time the last completed save ended
 
@@ -365,7 +354,8 @@ class Controller:
     # ------------------------------------------------------------------ child and trainers
     def _on_child_started(self, event: ChildStarted, now: Now) -> None:
         self.child_pid = event.pid
-        self._log("info", ev.CHILD_STARTED, pid=event.pid, argv=list(event.argv))
+        settings = {"settings": dict(event.settings)} if event.settings else {}
+        self._log("info", ev.CHILD_STARTED, pid=event.pid, argv=list(event.argv), **settings)
 
     def _on_hello(self, event: Hello, now: Now) -> None:
         if event.wants_signal and not event.descendant:
@@ -378,6 +368,7 @@ class Controller:
         )
         self._log("info", ev.TRAINER_ATTACHED, pid=event.pid, **event.fields)
         self.obs.trainer_started(now.wall)
+        self._check_stop_budget()
         request = self.request
         if request is not None and not self.config.signal_child and event.wants_signal \
                 and event.pid not in request.signalled:
@@ -418,6 +409,7 @@ class Controller:
             return
         interval = self.obs.record_step(event.step, event.duration_s, now.wall)
         self._log("debug", ev.STEP_OBSERVED, step=event.step, duration_s=_round(interval))
+        self._check_stop_budget()
         self._replan(now)
 
     def _adopt_peer_request(self, event: SaveBegin | SaveSnapshot | SaveEnd, now: Now) -> None:
@@ -510,6 +502,7 @@ class Controller:
     ) -> None:
         self.saves_completed += 1
         self.last_checkpoint_at = now.wall
+        self._check_stop_budget()
         paths = sorted({m.path for m in messages if m.path})
         self._log(
             "info", ev.SAVE_COMPLETED, step=step, requested=requested, kind=kind or None,
@@ -517,6 +510,26 @@ class Controller:
             path=paths[0] if len(paths) == 1 else (paths or None),
             remaining_s=self._remaining(now),
         )
+
+    def _check_stop_budget(self) -> None:
+        """A stop the platform cuts short (SIGKILL after `--stop-budget`) loses the checkpoint
+        being written: warn when the rest of a step, a save and `--stop-grace` do not fit in it,
+        again only when what is needed grows by a fifth."""
+        budget = self.config.stop_budget_s
+        if budget is None:
+            return
+        step = self.current_step_estimate_s() or 0.0
+        measured = self.obs.longest_save_s
+        save = measured if measured is not None else self.config.policy.save_duration_s
+        needed = step + save + self.config.stop_grace_s
+        if needed <= budget or needed <= self._budget_warned_s * 1.2:
+            return
+        self._budget_warned_s = needed
+        self._log("warning", ev.STOP_BUDGET_TOO_SMALL, budget_s=_round(budget), needed_s=_round(needed),
+                  step_s=_round(step), save_s=_round(save), stop_grace_s=_round(self.config.stop_grace_s),
+                  fix=f"raise the platform's stop budget to at least {math.ceil(needed)} s (docker stop -t, "
+                  "terminationGracePeriodSeconds, TimeoutStopSec) and --stop-budget with it, or lower "
+                  "--stop-grace if the trainer exits sooner")
 
     # ------------------------------------------------------------------ signals to esiwrap
     def _on_signal_received(self, event: SignalReceived, now: Now) -> None:

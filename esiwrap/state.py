@@ -18,7 +18,6 @@ import contextlib
 import json
 import math
 import os
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, TypeGuard
@@ -120,6 +119,8 @@ def load(path: str, now: float) -> JobState | None:
 
 def write_atomic(path: str, text: str) -> None:
     """Replace `path` with `text` all at once: readers see the old file or the new one, never half."""
+    import tempfile  # only when a state file is written: it is not needed to start a run
+
     directory = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix=".esiwrap-state-", dir=directory)
     try:

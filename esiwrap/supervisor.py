@@ -57,12 +57,15 @@ class SupervisorConfig:
     signal_child: bool = False
     run_id: str = ""
     state_file: str | None = None
+    stop_budget_s: float | None = None
+    settings: Mapping[str, Any] = field(default_factory=dict)  # the run options, logged at start
 
     def controller_config(self) -> ControllerConfig:
         return ControllerConfig(
             policy=self.policy, save_signal=signal_label(self.save_signal),
             stop_signal=signal_label(self.stop_signal), stop_grace_s=self.stop_grace_s,
             after_save=self.after_save, on_sigterm=self.on_sigterm, signal_child=self.signal_child,
+            stop_budget_s=self.stop_budget_s,
         )
 
 
@@ -132,7 +135,7 @@ class Supervisor:
         env = child_environment(self._environ, self._channel.path, self.config)
         process.become_subreaper()
         pid = process.spawn(self.config.argv, env, death_signal=signal.SIGTERM)
-        self._feed(core.ChildStarted(pid, tuple(self.config.argv)))
+        self._feed(core.ChildStarted(pid, tuple(self.config.argv), self.config.settings))
         if self._state_note is not None:
             level, event, fields = self._state_note
             getattr(self.log, level)(event, **fields)

@@ -90,3 +90,17 @@ def _at(event: dict[str, object]) -> float:
     from esiwrap.deadline.value import iso_epoch
 
     return iso_epoch(str(event["timestamp"]))
+
+
+def test_a_declared_stop_budget_that_cannot_hold_a_checkpoint_is_warned(container: list[EsiwrapRun],
+                                                                         tmp_path: Path) -> None:
+    """`--stop-budget 10` (docker stop) with the default --stop-grace 30: the warning names the
+    value to raise, at the start; the run itself is unaffected."""
+    run = EsiwrapRun(["--stop-budget", "10", "--save-duration", "4", "--", PYTHON, str(TINY_TRAINER),
+                      "--ckpt-dir", str(tmp_path), "--step-seconds", "0.1"], launcher=AS_PID_1)
+    container.append(run)
+    warned = run.wait_event("stop_budget_too_small", 60)
+    assert warned["budget_s"] == 10.0 and warned["needed_s"] >= 4.0 + 30.0
+    assert "at least" in warned["fix"] and "--stop-grace" in warned["fix"]
+    psutil.Process(pid_1_on_the_host(run)).send_signal(signal.SIGTERM)
+    assert run.finish(30) == EXIT_CHECKPOINTED

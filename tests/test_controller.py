@@ -275,3 +275,21 @@ def test_reports_from_a_process_that_never_said_hello_are_ignored() -> None:
     assert d.controller.last_saved_step is None and d.controller.obs.last_step == 3
     d.feed(core.SignalReceived("SIGTERM"))
     assert d.controller.mode is Mode.DRAINING  # a save is asked for, nothing was taken as saved
+
+
+def test_a_stop_budget_too_small_for_a_checkpoint_is_warned_with_the_fix() -> None:
+    """--stop-budget 10 (docker stop), --stop-grace 30: warned at the hello, naming what to raise;
+    again only when a measured save makes the stop need a fifth more."""
+    d = Driver(ControllerConfig(policy=PLAIN.policy, stop_budget_s=10.0, stop_grace_s=30.0))
+    d.hello()
+    [first] = logs(d.actions, "stop_budget_too_small")
+    assert first["budget_s"] == 10.0 and first["needed_s"] == 60.0 + 30.0
+    assert "at least 90 s" in first["fix"] and "--stop-grace" in first["fix"]
+    d.steps(1, 5, 2.0)
+    assert len(logs(d.actions, "stop_budget_too_small")) == 1  # 92 s: not a fifth more
+    d.feed(core.SignalReceived("SIGUSR1"))
+    d.save(5, 120.0)
+    assert logs(d.actions, "stop_budget_too_small")[-1]["needed_s"] == 2.0 + 120.0 + 30.0
+    fits = Driver(ControllerConfig(policy=PLAIN.policy, stop_budget_s=120.0, stop_grace_s=5.0))
+    fits.hello()
+    assert logs(fits.actions, "stop_budget_too_small") == []

@@ -1,0 +1,244 @@
+"""Replay a run through esiwrap's decision core on a simulated clock.
+
+A `Trace` is one run's facts, fixed before the replay: how long each step takes, how long a save at
+each step's boundary takes (all of it for a synchronous save; the blocking part apart for an
+asynchronous one), the deadline and its changes as they were announced, and when the capacity
+really went. `replay` feeds `esiwrap.controller.Controller`, the supervisor's own decision core,
+the events the supervisor would (hello, a step report at each boundary, save begin / snapshot /
+end, deadline answers, a wake-up at every timer it asks for) and carries out its actions: the save
+signal raises the trainer's flag, seen at the trainer's next boundary (one sent while a step report
+is handled is seen at the boundary after), and any stop ends training. The run keeps what its last
+durable save holds.
+
+`benchmarks/simulate.py` replays synthetic traces against verl's rule and an oracle;
+`esiwrap report --what-if` replays a real run's measured durations with other settings.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from esiwrap import controller as core
+from esiwrap.controller import Controller, ControllerConfig, Now
+from esiwrap.deadline import Answer, Deadline
+from esiwrap.policy import PolicyConfig, Prior
+
+
+@dataclass(frozen=True)
+class DeadlineChange:
+    at: float  # when the policies learn it
+    deadline: float
+
+
+@dataclass(frozen=True)
+class Trace:
+    """One run: step k (1-based) takes steps[k-1]; a save at its boundary takes saves[k-1]."""
+
+    family: str
+    steps: list[float]
+    saves: list[float]
+    deadline: float  # known at time 0
+    reclaim_at: float  # when the capacity really goes (the last deadline minus the offset)
+    changes: list[DeadlineChange] = field(default_factory=list)
+    own_save_every: int = 0  # the trainer saves on its own at every k-th boundary (0: never)
+    blocking: list[float] | None = None  # asynchronous saves: the part that stops training
+    prior_steps: tuple[float, ...] = ()  # a state file from the previous run: step intervals...
+    prior_saves: tuple[float, ...] = ()  # ...and measured saves
+
+    def blocking_s(self, step: int) -> float:
+        """How long a save at this step's boundary stops training."""
+        return self.saves[step - 1] if self.blocking is None else self.blocking[step - 1]
+
+    def own_save(self, step: int) -> bool:
+        return self.own_save_every > 0 and step % self.own_save_every == 0
+
+    def boundaries(self) -> list[float]:
+        """End of every step on the training clock (no saves in between): the progress made."""
+        out, total = [], 0.0
+        for duration in self.steps:
+            total += duration
+            out.append(total)
+        return out
+
+
+@dataclass(frozen=True)
+class Write:
+    """A save begun at `begins`: training resumes at `resumes`, it is durable at `durable`."""
+
+    step: int
+    begins: float
+    resumes: float
+    durable: float
+    kind: str = ""  # the controller's kind for a save it asked for, "own" for the trainer's own
+
+
+@dataclass(frozen=True)
+class Outcome:
+    saved_step: int | None  # the last step held by a completed save
+    progress_s: float  # its training time: what the next instance resumes from
+    reclaim_at: float
+    saves: int  # saves begun
+    saving_s: float  # wall time training stood still for saves, up to reclamation
+    completed: tuple[Write, ...] = ()  # the saves that became durable, in order
+
+    @property
+    def missed(self) -> bool:
+        return self.saved_step is None
+
+    @property
+    def lost_s(self) -> float:
+        return self.reclaim_at - self.progress_s
+
+
+class Tally:
+    def __init__(self, trace: Trace) -> None:
+        self.trace = trace
+        self.progress = trace.boundaries()
+        self.saved_step: int | None = None
+        self.saves = 0
+        self.saving_s = 0.0
+        self.completed: list[Write] = []
+
+    def begin(self, step: int, at: float, kind: str = "") -> Write:
+        self.saves += 1
+        resumes = at + self.trace.blocking_s(step)
+        self.saving_s += max(0.0, min(resumes, self.trace.reclaim_at) - at)
+        return Write(step, at, resumes, at + self.trace.saves[step - 1], kind)
+
+    def durable(self, write: Write) -> bool:
+        """The write is on disk if it ended before reclamation; then it holds its step."""
+        if write.durable > self.trace.reclaim_at:
+            return False
+        if self.saved_step is None or write.step > self.saved_step:
+            self.saved_step = write.step
+        self.completed.append(write)
+        return True
+
+    def cut_short(self, write: Write, stopped_at: float) -> None:
+        """esiwrap's stop came while training stood still for this save: count only until then."""
+        counted = min(write.resumes, self.trace.reclaim_at)
+        self.saving_s -= max(0.0, counted - min(stopped_at, write.resumes))
+
+    def outcome(self) -> Outcome:
+        progress = self.progress[self.saved_step - 1] if self.saved_step is not None else 0.0
+        return Outcome(self.saved_step, progress, self.trace.reclaim_at, self.saves, self.saving_s,
+                       tuple(self.completed))
+
+
+TRAINER_PID = 1000  # the simulated trainer is the direct child and says hello at once
+
+
+class _Shell:
+    """What `esiwrap.supervisor` does around the controller, on a simulated clock.
+
+    The controller is esiwrap's own `esiwrap.controller.Controller`; this shell only carries out its
+    actions: the save signal raises the trainer's flag (seen at the trainer's next boundary), and
+    any stop ends training (the run keeps what its last durable save holds). An asynchronous
+    write in flight reports its end when it is durable, in time order with everything else.
+    """
+
+    def __init__(self, trace: Trace, config: ControllerConfig, tally: Tally) -> None:
+        prior = Prior(trace.prior_steps, trace.prior_saves) if trace.prior_saves else None
+        self.controller = Controller(config, prior=prior)
+        self.tally = tally
+        self.now = 0.0
+        self.flag = False  # the trainer's save flag, raised by the save signal
+        self.stopped_at: float | None = None
+        self.in_flight: Write | None = None
+        self.changes = sorted(trace.changes, key=lambda c: c.at)
+        self.feed(core.ChildStarted(TRAINER_PID))
+        self.feed(core.DeadlineAnswers((_answer(trace.deadline),)))
+        self.feed(core.Hello(TRAINER_PID))
+
+    @property
+    def stopped(self) -> bool:
+        return self.stopped_at is not None
+
+    def feed(self, event: core.Event) -> None:
+        self._apply(self.controller.handle(event, Now(self.now, self.now)))
+
+    def _apply(self, actions: list[core.Action]) -> None:
+        for action in actions:
+            if isinstance(action, core.SendSignal) and TRAINER_PID in action.pids \
+                    and action.signal == self.controller.config.save_signal:
+                self.flag = True
+            elif isinstance(action, (core.StopChild, core.KillTree, core.Exit)) and self.stopped_at is None:
+                self.stopped_at = self.now
+
+    def advance(self, until: float) -> None:
+        """Timers, deadline announcements and a write becoming durable, up to `until`, in order."""
+        while not self.stopped:
+            wait = self.controller.wake_at(Now(self.now, self.now))
+            timer = math.inf if wait is None else self.now + wait
+            change_at = self.changes[0].at if self.changes else math.inf
+            durable_at = self.in_flight.durable if self.in_flight is not None else math.inf
+            first = min(timer, change_at, durable_at)
+            if first > until:
+                break
+            self.now = max(self.now, first)
+            if durable_at == first:
+                self.finish_write()
+            elif change_at == first:
+                self.feed(core.DeadlineAnswers((_answer(self.changes.pop(0).deadline),)))
+            else:
+                self._apply(self.controller.tick(Now(self.now, self.now)))
+        self.now = max(self.now, until)
+
+    def finish_write(self) -> None:
+        write = self.in_flight
+        assert write is not None
+        self.in_flight = None
+        if self.tally.durable(write):
+            self.feed(core.SaveEnd(TRAINER_PID, write.step, duration_s=write.durable - write.begins))
+
+
+def _answer(deadline: float) -> Answer:
+    return Answer("sim", deadline=Deadline(at=deadline, source="sim"))
+
+
+def replay(trace: Trace, config: PolicyConfig | ControllerConfig) -> Outcome:
+    tally = Tally(trace)
+    full = config if isinstance(config, ControllerConfig) else ControllerConfig(policy=config)
+    shell = _Shell(trace, full, tally)
+    last_boundary = 0.0
+    for step, duration in enumerate(trace.steps, start=1):
+        boundary = shell.now + duration
+        shell.advance(boundary)  # a signal sent by now is seen at this boundary
+        if boundary > trace.reclaim_at or shell.stopped:
+            break
+        seen = shell.flag
+        shell.feed(core.Step(TRAINER_PID, step, boundary - last_boundary))
+        last_boundary = boundary
+        if (seen or trace.own_save(step)) and shell.in_flight is None:
+            shell.flag = False
+            if not _save(shell, tally, trace, step):
+                break
+        if shell.stopped:
+            break
+    if shell.in_flight is not None and not shell.stopped:
+        shell.advance(shell.in_flight.durable)
+    return tally.outcome()
+
+
+def _save(shell: _Shell, tally: Tally, trace: Trace, step: int) -> bool:
+    """The trainer saves at this boundary; False when the run ended during the save."""
+    shell.feed(core.SaveBegin(TRAINER_PID, step))
+    request = shell.controller.request
+    write = tally.begin(step, shell.now, request.kind if request is not None else "own")
+    if trace.blocking is not None:
+        shell.advance(write.resumes)
+        if shell.stopped_at is not None and shell.stopped_at < write.resumes:
+            tally.cut_short(write, shell.stopped_at)
+            return False
+        shell.in_flight = write
+        shell.feed(core.SaveSnapshot(TRAINER_PID, step, duration_s=write.resumes - write.begins))
+        return True
+    shell.advance(write.durable)
+    if shell.stopped_at is not None and shell.stopped_at < write.durable:
+        tally.cut_short(write, shell.stopped_at)
+        return False  # stopped while saving: the save never completed
+    if not tally.durable(write):
+        return False
+    shell.feed(core.SaveEnd(TRAINER_PID, step, duration_s=write.durable - write.begins))
+    return True

@@ -1,0 +1,92 @@
+"""`esiwrap report LOG --what-if OPTIONS`: a real run's measured steps and saves, replayed through the
+decision core with other settings; the replay agrees with the run and with the simulator."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from esiwrap_harness import PYTHON, TINY_TRAINER
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+
+from runners import run_esiwrap
+from traces import DeadlineChange, Scenario
+
+from esiwrap.deadline.value import iso_epoch
+from esiwrap.errors import EXIT_CHECKPOINTED, EXIT_USAGE
+from esiwrap.policy import PolicyConfig
+
+WHAT_IF = "--redundant-time 1 --final-margin 0.5"
+
+
+@pytest.fixture(scope="module")
+def run_log(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One real run of the demo trainer with step times in the log (debug)."""
+    tmp = tmp_path_factory.mktemp("whatif")
+    log = tmp / "run.jsonl"
+    done = subprocess.run(
+        [PYTHON, "-m", "esiwrap", "--deadline", "+20s", "--redundant-time", "4", "--save-duration", "1",
+         "--final-margin", "1", "--log-level", "debug", "--log-file", str(log), "--", PYTHON,
+         str(TINY_TRAINER), "--ckpt-dir", str(tmp / "ckpt"), "--step-seconds", "0.3"],
+        capture_output=True, timeout=120)
+    assert done.returncode == EXIT_CHECKPOINTED, done.stderr[-2000:]
+    return log
+
+
+def report(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([PYTHON, "-m", "esiwrap", "report", *args], capture_output=True, text=True,
+                          timeout=60)
+
+
+def test_the_replay_with_the_runs_own_settings_is_the_run(run_log: Path) -> None:
+    """Replayed with the settings it ran with (logged in child_started), the run keeps the step it
+    kept (within one step: the real timer may fire a little late on a loaded machine)."""
+    done = report(str(run_log), "--json", "--what-if", WHAT_IF)
+    assert done.returncode == 0, done.stderr
+    (replayed,) = json.loads(done.stdout)["what_if"]
+    assert replayed["exact_steps"] and replayed["steps_measured"] > 20
+    actual, as_run = replayed["actual"], replayed["replayed_as_run"]
+    assert actual["saved_step"] is not None and not actual["missed"]
+    assert abs(as_run["saved_step"] - actual["saved_step"]) <= 1
+    assert as_run["saves"][0]["kind"] == "insurance"
+
+
+def test_the_what_if_is_what_the_simulator_says_on_the_same_durations(run_log: Path) -> None:
+    """The what-if column equals benchmarks/simulate.py's esiwrap on a scenario built from the
+    log's own step and save times, the deadline taken from the first trainer's hello."""
+    done = report(str(run_log), "--json", "--what-if", WHAT_IF)
+    (replayed,) = json.loads(done.stdout)["what_if"]
+    events = [json.loads(line) for line in run_log.read_text().splitlines()]
+    start = iso_epoch(next(e for e in events if e["event"] == "trainer_attached")["timestamp"])
+    deadline = iso_epoch(next(e for e in events if e["event"] == "deadline_resolved")["deadline"]) - start
+    steps = [e["duration_s"] for e in events if e["event"] == "step_observed"]
+    median = sorted(steps)[len(steps) // 2]
+    while sum(steps) <= deadline + median:
+        steps.append(median)
+    saved = [(e["step"], e["duration_s"]) for e in events if e["event"] == "save_completed"]
+    saves = [min(saved, key=lambda s: abs(s[0] - k))[1] for k in range(1, len(steps) + 1)]
+    scenario = Scenario("log", steps, saves, deadline, deadline, list[DeadlineChange]())
+    settings = next(e for e in events if e["event"] == "child_started")["settings"]
+    config = PolicyConfig(redundant_s=1.0, final_margin_s=0.5, save_duration_s=settings["--save-duration"])
+    outcome = run_esiwrap(scenario, config)
+    assert replayed["what_if"]["saved_step"] == outcome.saved_step
+    assert replayed["what_if"]["lost_s"] == pytest.approx(outcome.lost_s, abs=1e-3)
+    assert [s["step"] for s in replayed["what_if"]["saves"]] == [w.step for w in outcome.completed]
+
+
+def test_the_text_report_shows_the_three_columns(run_log: Path) -> None:
+    done = report(str(run_log), "--what-if", WHAT_IF)
+    assert done.returncode == 0, done.stderr
+    assert f"what if {WHAT_IF}" in done.stdout and "replayed as run" in done.stdout
+    assert "work lost" in done.stdout and "missed" in done.stdout
+
+
+@pytest.mark.parametrize("options", ["--redundant-time soon", "--no-such-option 3", "-- python x.py"])
+def test_options_that_are_not_esiwraps_are_one_line_and_exit_2(run_log: Path, options: str) -> None:
+    done = report(str(run_log), "--what-if", options)
+    assert done.returncode == EXIT_USAGE
+    assert done.stderr.startswith("esiwrap: ") and done.stderr.count("\n") == 1, done.stderr
