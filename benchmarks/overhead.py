@@ -33,6 +33,9 @@ from typing import Any
 
 import psutil
 
+from esiwrap.envvars import PREFIX, SOCKET_ENV
+from esiwrap.policy import quantile
+
 HEAVY_MODULES = ("torch", "verl", "ray", "transformers", "numpy", "volcenginesdkcore", "volcenginesdkecs")
 IMPORT_TARGETS = ("esiwrap", "esiwrap.cli", "esiwrap.trainer", "esiwrap.supervisor")
 PIN_ENV = "OVERHEAD_PIN_CPU"  # the trainer child pins itself to this core
@@ -44,7 +47,7 @@ def child_env() -> dict[str, str]:
     with bytecode caching on: a user's install has .pyc files, while PYTHONDONTWRITEBYTECODE (set
     on some machines, this one included) would recompile esiwrap at every start."""
     return {k: v for k, v in os.environ.items()
-            if not k.startswith("ESIWRAP_") and k != "PYTHONDONTWRITEBYTECODE"}
+            if not k.startswith(PREFIX) and k != "PYTHONDONTWRITEBYTECODE"}
 
 
 def warm_up(python: str) -> None:
@@ -62,13 +65,11 @@ def esiwrap_command(python: str = sys.executable) -> list[str]:
 
 
 def spread(values: Sequence[float], scale: float = 1.0) -> dict[str, float]:
+    """Median, nearest-rank p10/p90/p99 (`policy.quantile`: values that occurred), min and max."""
     ordered = sorted(v * scale for v in values)
-
-    def rank(q: float) -> float:
-        return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
-
-    return {"n": len(ordered), "median": statistics.median(ordered), "p10": rank(0.10),
-            "p90": rank(0.90), "p99": rank(0.99), "min": ordered[0], "max": ordered[-1]}
+    return {"n": len(ordered), "median": statistics.median(ordered), "p10": quantile(ordered, 0.10),
+            "p90": quantile(ordered, 0.90), "p99": quantile(ordered, 0.99), "min": ordered[0],
+            "max": ordered[-1]}
 
 
 def machine() -> dict[str, Any]:
@@ -174,7 +175,7 @@ def wrap_overhead(repeat: int) -> dict[str, Any]:
 
 def _log_span_s(log: str, first: str, last: str) -> float:
     """Seconds between two events of a JSON-lines log (timestamps have millisecond resolution)."""
-    from datetime import datetime
+    from esiwrap.deadline.value import iso_epoch
 
     stamps: dict[str, float] = {}
     for line in log.splitlines():
@@ -183,8 +184,7 @@ def _log_span_s(log: str, first: str, last: str) -> float:
         except ValueError:
             continue
         if event.get("event") in (first, last):
-            at = datetime.fromisoformat(event["timestamp"].replace("Z", "+00:00"))
-            stamps[event["event"]] = at.timestamp()
+            stamps[event["event"]] = iso_epoch(event["timestamp"])
     return stamps[last] - stamps[first]
 
 
@@ -208,7 +208,7 @@ def trainer_loop_child(calls: int, pace_s: float, with_torch: bool) -> None:
         if pace_s:
             time.sleep(pace_s)  # not timed: as between real steps, caches go cold, the socket drains
     esi.uninstall()
-    print(json.dumps({"us": spread(samples, 1e-3), "connected": bool(os.environ.get("ESIWRAP_SOCKET"))}))
+    print(json.dumps({"us": spread(samples, 1e-3), "connected": bool(os.environ.get(SOCKET_ENV))}))
 
 
 TRAINER_VARIANTS = (

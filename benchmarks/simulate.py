@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import shlex
 import sys
@@ -36,6 +35,7 @@ from runners import Outcome, run_esiwrap, run_oracle, run_verl
 from traces import FAMILIES, Params, Scenario, generate
 
 from esiwrap.cli import RUN_OPTIONS, build_run_parser, resolve_options, supervisor_config
+from esiwrap.policy import quantile
 
 DEFAULT_POLICIES = (
     "verl",
@@ -88,12 +88,6 @@ class Summary:
     saving_s: float  # per run
 
 
-def percentile(values: Sequence[float], q: float) -> float:
-    """Nearest rank: a value that occurred."""
-    ordered = sorted(values)
-    return ordered[max(1, math.ceil(q * len(ordered))) - 1]
-
-
 def summarize(family: str, policy: str, outcomes: Sequence[Outcome]) -> Summary:
     saved = [o.lost_s for o in outcomes if not o.missed]
     n = len(outcomes)
@@ -103,7 +97,7 @@ def summarize(family: str, policy: str, outcomes: Sequence[Outcome]) -> Summary:
         runs=n,
         missed=n - len(saved),
         lost_mean_s=sum(saved) / len(saved) if saved else None,
-        lost_p95_s=percentile(saved, 0.95) if saved else None,
+        lost_p95_s=quantile(saved, 0.95) if saved else None,  # nearest rank: a value that occurred
         lost_max_s=max(saved) if saved else None,
         lost_mean_with_misses_s=sum(o.lost_s for o in outcomes) / n,
         extra_saves=sum(max(0, o.saves - 1) for o in outcomes) / n,

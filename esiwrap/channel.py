@@ -31,9 +31,8 @@ import socket
 from dataclasses import dataclass, field
 from typing import Any
 
-from esiwrap.signals import SIGNAL_ENV
+from esiwrap.envvars import SIGNAL_ENV, SOCKET_ENV
 
-SOCKET_ENV = "ESIWRAP_SOCKET"
 __all__ = ["SIGNAL_ENV", "SOCKET_ENV", "ChannelClient", "ChannelServer", "Message", "decode"]
 MAX_DATAGRAM = 64 * 1024
 MAX_PID = 2**22  # the kernel's PID_MAX_LIMIT: larger is no process
@@ -151,10 +150,6 @@ class ChannelClient:
     @classmethod
     def from_env(cls) -> ChannelClient:
         return cls(os.environ.get(SOCKET_ENV) or None)
-
-    @property
-    def connected(self) -> bool:
-        return self.path is not None
 
     def send(self, message_type: str, **fields: Any) -> bool:
         if self.path is None:

@@ -7,7 +7,9 @@ from typing import Literal, get_args
 AfterSave = Literal["stop", "linger", "continue"]
 OnSigterm = Literal["checkpoint", "forward"]
 LogFormat = Literal["json", "console"]
+LogLevel = Literal["debug", "info", "warning", "error"]  # what --log-level offers, and what esiwrap logs at
 
 AFTER_SAVE: tuple[str, ...] = get_args(AfterSave)
 ON_SIGTERM: tuple[str, ...] = get_args(OnSigterm)
 LOG_FORMATS: tuple[str, ...] = get_args(LogFormat)
+LOG_LEVELS: tuple[str, ...] = get_args(LogLevel)

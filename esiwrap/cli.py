@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from esiwrap import __version__
-from esiwrap.choices import AFTER_SAVE, LOG_FORMATS, ON_SIGTERM
+from esiwrap.choices import AFTER_SAVE, LOG_FORMATS, LOG_LEVELS, ON_SIGTERM
 from esiwrap.deadline import Answer, TimeParseError, ask_all, parse_duration, parse_when, winner
 from esiwrap.deadline.metadata import AWS_METADATA_URL, VOLCENGINE_METADATA_URL
 from esiwrap.deadline.registry import (
@@ -31,6 +31,7 @@ from esiwrap.deadline.registry import (
     build_sources,
     parse_source_names,
 )
+from esiwrap.envvars import COMMAND_ENV, LOG_FILE_ENV, PREFIX, STATUS_FILE_ENV
 from esiwrap.errors import (
     EXIT_FAILURE,
     EXIT_NO_DEADLINE,
@@ -41,15 +42,13 @@ from esiwrap.errors import (
     UsageError,
 )
 from esiwrap.policy import PolicyConfig
-from esiwrap.signals import signal_number
+from esiwrap.signals import signal_label, signal_number
 
 if TYPE_CHECKING:
     from esiwrap.deadline import Deadline
     from esiwrap.integrations.ray_nodes import NodeAnswers
 
 SUBCOMMANDS = ("deadline", "report", "status", "systemd-unit")
-COMMAND_ENV = "ESIWRAP_COMMAND"  # the command when none follows `--` (systemd environment files)
-LOG_FILE_ENV = "ESIWRAP_LOG_FILE"
 SAVE_SIGNALS = ("SIGUSR1", "SIGUSR2")
 STOP_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGKILL")
 
@@ -69,7 +68,7 @@ class Option:
 
     @property
     def env(self) -> str:
-        return "ESIWRAP_" + self.dest.upper()
+        return PREFIX + self.dest.upper()
 
     @property
     def default_text(self) -> str:
@@ -81,7 +80,7 @@ class Option:
         if isinstance(value, bool):
             return "on" if value else "off"
         if self.dest in ("signal", "stop_signal"):
-            return signal.Signals(value).name
+            return signal_label(value)
         if isinstance(value, float):
             return f"{value:g}"
         return str(value)
@@ -165,7 +164,7 @@ def _state_file(text: str) -> str:
 def _signal_parser(allowed: Sequence[str]) -> Callable[[str], int]:
     def parse(text: str) -> int:
         signum = signal_number(text)
-        if signum is None or signal.Signals(signum).name not in allowed:
+        if signum is None or signal_label(signum) not in allowed:
             msg = f"must be one of {', '.join(allowed)}"
             raise ValueError(msg)
         return signum
@@ -270,8 +269,7 @@ LOG_OPTIONS = (
     Option("--log-file", _identity, None, "/var/log/esiwrap/job.jsonl", "also write JSON lines here"),
     Option("--log-format", _choice(LOG_FORMATS), None, "json",
            "json (default when stderr is not a terminal) or console", LOG_FORMATS),
-    Option("--log-level", _choice(("debug", "info", "warning", "error")), "info", "info",
-           "least severe level written", ("debug", "info", "warning", "error")),
+    Option("--log-level", _choice(LOG_LEVELS), "info", "info", "least severe level written", LOG_LEVELS),
 )
 
 def _port(text: str) -> int:
@@ -876,7 +874,6 @@ def _write_timelines(ns: argparse.Namespace, events: Sequence[Sequence[Any]], sk
 
 
 def build_status_parser() -> argparse.ArgumentParser:
-    from esiwrap.statusfile import STATUS_FILE_ENV
 
     parser = _Parser(prog="esiwrap status",
                      description="What each running esiwrap knows now: the deadline and its source, the "
@@ -905,7 +902,6 @@ def _pid_arg(text: str) -> int:
 
 def status_command(argv: Sequence[str], environ: Mapping[str, str]) -> int:
     from esiwrap import status
-    from esiwrap.statusfile import STATUS_FILE_ENV
 
     ns = build_status_parser().parse_args(list(argv))
     explicit = ns.status_file or environ.get(STATUS_FILE_ENV, "").strip() or None
@@ -1034,7 +1030,7 @@ def _settings(pairs: Sequence[str]) -> dict[str, str]:
         option = by_env.get(key)
         if option is not None:
             resolve_options(argparse.Namespace(), [option], {key: value})
-        elif key.startswith("ESIWRAP_"):
+        elif key.startswith(PREFIX):
             print(f"esiwrap: warning: --setenv {key}: not an esiwrap option (a typo?); written anyway",
                   file=sys.stderr)
         settings[key] = value

@@ -27,10 +27,10 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Literal, NamedTuple
+from typing import Any, NamedTuple
 
 from esiwrap import events as ev
-from esiwrap.choices import AfterSave, OnSigterm
+from esiwrap.choices import AfterSave, LogLevel, OnSigterm
 from esiwrap.deadline.chain import Answer, winner
 from esiwrap.deadline.value import Deadline, iso_utc
 from esiwrap.errors import EXIT_CHECKPOINTED, EXIT_FAILURE, EXIT_SAVE_MISSED
@@ -47,8 +47,6 @@ from esiwrap.policy import (
     step_estimate_s,
 )
 from esiwrap.snapshot import Snapshot
-
-Level = Literal["debug", "info", "warning", "error"]
 
 KILL_WAIT_S = 5.0  # after SIGKILL, how long to wait for the tree to vanish
 STOP_TIMEOUT_MARGIN_S = 5.0  # asked of systemd on top of our own stop timeline
@@ -191,7 +189,7 @@ class TermLeftovers:
 
 
 class Log(NamedTuple):
-    level: Level
+    level: LogLevel
     event: str
     fields: Mapping[str, Any]
 
@@ -350,7 +348,7 @@ class Controller:
         actions, self._out = self._out, []
         return actions
 
-    def _log(self, level: Level, event: str, **fields: Any) -> None:
+    def _log(self, level: LogLevel, event: str, **fields: Any) -> None:
         self._out.append(Log(level, event, fields))
 
     # ------------------------------------------------------------------ child and trainers
@@ -590,7 +588,7 @@ class Controller:
                 self._unavailable.pop(answer.source, None)
             elif self._unavailable.get(answer.source) != answer.reason:
                 self._unavailable[answer.source] = answer.reason
-                level: Level = "info" if answer.expected else "warning"
+                level: LogLevel = "info" if answer.expected else "warning"
                 self._log(level, ev.DEADLINE_UNAVAILABLE, source=answer.source, reason=answer.reason)
         new = winner(Answer(d.source, deadline=d) for d in self._known.values())
         if new is not None:

@@ -48,12 +48,3 @@ class Halt(Exception):
         super().__init__(reason)
         self.reason = reason
         self.exit_status = exit_status
-
-
-def exit_status_of(wait_status: int) -> int:
-    """Shell convention: the exit code, or 128+N when killed by signal N."""
-    import os
-
-    if os.WIFSIGNALED(wait_status):
-        return 128 + os.WTERMSIG(wait_status)
-    return os.waitstatus_to_exitcode(wait_status)

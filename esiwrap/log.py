@@ -20,13 +20,14 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from datetime import datetime, timezone
-from typing import IO, Any, Literal
+from typing import IO, Any
 
-LogFormat = Literal["json", "console"]
-LEVELS = ("debug", "info", "warning", "error")
+from esiwrap.choices import LogFormat, LogLevel
+from esiwrap.deadline.value import iso_utc
+
 SEVERITY = {"debug": 10, "info": 20, "warning": 30, "error": 40, "critical": 50}
 SYSLOG_PRIORITY = {"debug": 7, "info": 6, "warning": 4, "error": 3, "critical": 2}
 _FIRST_KEYS = ("timestamp", "level", "event", "run_id")
@@ -36,10 +37,6 @@ Entry = dict[str, Any]
 
 def new_run_id() -> str:
     return os.urandom(6).hex()  # 12 hex digits, as uuid4().hex[:12] was, without importing uuid
-
-
-def _timestamp() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def _exception_text(exc_info: Any) -> str:
@@ -75,7 +72,7 @@ class _Sink:
         if SEVERITY[level] < self.threshold:
             return
         exc_info = fields.pop("exc_info", None)
-        entry: Entry = {"timestamp": _timestamp(), "level": level, "event": event}
+        entry: Entry = {"timestamp": iso_utc(time.time()), "level": level, "event": event}
         if self.run_id is not None:
             entry["run_id"] = self.run_id
         entry.update((k, v) for k, v in fields.items() if k not in _FIRST_KEYS)
@@ -166,7 +163,7 @@ def is_journal(stream: IO[str], environ: Mapping[str, str]) -> bool:
 
 def configure(
     run_id: str,
-    level: str = "info",
+    level: LogLevel = "info",
     fmt: LogFormat | None = None,
     log_file: str | None = None,
     stream: IO[str] | None = None,

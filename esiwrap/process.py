@@ -16,7 +16,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from esiwrap.errors import EXIT_NOT_EXECUTABLE, EXIT_NOT_FOUND, CommandError
-from esiwrap.signals import signal_label
 
 if TYPE_CHECKING:
     import psutil
@@ -175,11 +174,6 @@ def open_pidfd(pid: int) -> int | None:
         return int(opener(pid))
     except OSError:
         return None
-
-
-def signal_name(signum: int) -> str:
-    """`SIGHUP`, or `SIGRTMIN+3` for a real-time signal: what `signals.signal_number` reads back."""
-    return signal_label(signum)
 
 
 def pid_exists(pid: int) -> bool:

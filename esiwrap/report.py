@@ -20,14 +20,13 @@ from __future__ import annotations
 import json
 import math
 import os
-import signal
 import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
 from typing import Any
 
-from esiwrap.deadline.value import iso_utc
+from esiwrap import events as ev
+from esiwrap.deadline.value import iso_epoch, iso_utc
 from esiwrap.errors import (
     EXIT_CHECKPOINTED,
     EXIT_FAILURE,
@@ -37,10 +36,12 @@ from esiwrap.errors import (
     EXIT_SAVE_MISSED,
     EXIT_USAGE,
 )
+from esiwrap.policy import quantile
+from esiwrap.signals import signal_label, signal_number
 
 Event = dict[str, Any]
 _DECODER = json.JSONDecoder()
-_NOT_IN_TIMELINE = frozenset({"step_observed"})
+_NOT_IN_TIMELINE = frozenset({ev.STEP_OBSERVED})
 _HEAD_KEYS = frozenset({"timestamp", "level", "event", "run_id"})
 EXIT_MEANINGS = {
     EXIT_OK: "the command finished",
@@ -86,22 +87,11 @@ def event_of(line: str) -> Event | None:
         return event_of(obj["MESSAGE"])  # `journalctl -o json`: our line is the message
     if all(isinstance(obj.get(key), str) for key in ("event", "timestamp", "run_id")):
         try:
-            epoch(obj["timestamp"])
+            iso_epoch(obj["timestamp"])
         except ValueError:
             return None
         return obj
     return None
-
-
-def epoch(timestamp: str) -> float:
-    """Epoch seconds of an ISO-8601 timestamp; ValueError for anything else (a naive time is UTC)."""
-    try:
-        moment = datetime.fromisoformat(timestamp.replace("Z", "+00:00"))
-        if moment.tzinfo is None:
-            moment = moment.replace(tzinfo=timezone.utc)
-        return moment.timestamp()
-    except (OverflowError, TypeError, AttributeError) as exc:
-        raise ValueError(str(exc)) from None
 
 
 def split_runs(events: Sequence[Event]) -> list[list[Event]]:
@@ -109,8 +99,8 @@ def split_runs(events: Sequence[Event]) -> list[list[Event]]:
     runs: dict[str, list[Event]] = {}
     for event in events:
         runs.setdefault(event["run_id"], []).append(event)
-    ordered = [sorted(run, key=lambda e: epoch(e["timestamp"])) for run in runs.values()]
-    return sorted(ordered, key=lambda run: epoch(run[0]["timestamp"]))
+    ordered = [sorted(run, key=lambda e: iso_epoch(e["timestamp"])) for run in runs.values()]
+    return sorted(ordered, key=lambda run: iso_epoch(run[0]["timestamp"]))
 
 
 # ---------------------------------------------------------------------- figures
@@ -161,10 +151,10 @@ class RunReport:
 def summarize(events: Sequence[Event]) -> RunReport:
     """The figures of one run (its events, in time order)."""
     first, last = events[0], events[-1]
-    start, end = epoch(first["timestamp"]), epoch(last["timestamp"])
+    start, end = iso_epoch(first["timestamp"]), iso_epoch(last["timestamp"])
     report = RunReport(
         run_id=first["run_id"], started_at=first["timestamp"], ended_at=last["timestamp"],
-        duration_s=round(end - start, 3), complete=any(e["event"] == "supervisor_exit" for e in events),
+        duration_s=round(end - start, 3), complete=any(e["event"] == ev.SUPERVISOR_EXIT for e in events),
     )
     _deadlines(report, events, start)
     _saves(report, events)
@@ -180,19 +170,19 @@ def summarize(events: Sequence[Event]) -> RunReport:
 def _deadlines(report: RunReport, events: Sequence[Event], start: float) -> None:
     for e in events:
         name = e["event"]
-        if name == "child_started" and report.command is None:
+        if name == ev.CHILD_STARTED and report.command is None:
             argv = e.get("argv")
             report.command = [str(a) for a in argv] if isinstance(argv, list) else None
-        elif name == "deadline_resolved" and report.deadline is None:
+        elif name == ev.DEADLINE_RESOLVED and report.deadline is None:
             report.deadline = {"at": e.get("deadline"), "source": e.get("source"),
                                "remaining_s": e.get("remaining_s"), "logged_at": e["timestamp"],
-                               "after_start_s": round(epoch(e["timestamp"]) - start, 3)}
-        elif name == "deadline_changed":
+                               "after_start_s": round(iso_epoch(e["timestamp"]) - start, 3)}
+        elif name == ev.DEADLINE_CHANGED:
             moved = _seconds_between(e.get("old"), e.get("new"))
             report.deadline_changes.append({"logged_at": e["timestamp"], "old": e.get("old"),
                                             "new": e.get("new"), "source": e.get("source"),
                                             "moved_s": moved})
-        elif name == "deadline_unavailable":
+        elif name == ev.DEADLINE_UNAVAILABLE:
             report.deadline_unavailable.append({"source": e.get("source"), "reason": e.get("reason")})
 
 
@@ -201,27 +191,27 @@ def _saves(report: RunReport, events: Sequence[Event]) -> None:
     current: SaveReport | None = None
     for e in events:
         name = e["event"]
-        if name == "save_scheduled":
+        if name == ev.SAVE_SCHEDULED:
             first_plans.setdefault(str(e.get("kind")), e)
-        elif name == "save_requested":
+        elif name == ev.SAVE_REQUESTED:
             current = _new_save(e, first_plans.pop(str(e.get("kind")), None))
             report.saves.append(current)
-        elif (name == "save_started" and e.get("requested") and current is not None
+        elif (name == ev.SAVE_STARTED and e.get("requested") and current is not None
               and current.started_at is None):
             current.started_at, current.step = e["timestamp"], e.get("step")
-            current.boundary_wait_s = round(epoch(e["timestamp"]) - epoch(current.requested_at), 3)
-        elif name == "save_completed" and not e.get("requested"):
+            current.boundary_wait_s = round(iso_epoch(e["timestamp"]) - iso_epoch(current.requested_at), 3)
+        elif name == ev.SAVE_COMPLETED and not e.get("requested"):
             report.trainer_saves.append({"at": e["timestamp"], "step": e.get("step"),
                                          "duration_s": e.get("duration_s"), "path": e.get("path")})
-        elif name == "save_completed" and current is not None:
+        elif name == ev.SAVE_COMPLETED and current is not None:
             current.outcome, current.completed_at = "completed", e["timestamp"]
             current.step = e.get("step", current.step)
             current.duration_s, current.path = e.get("duration_s"), e.get("path")
             current.remaining_s = e.get("remaining_s")
             current = None
-        elif name == "save_failed" and current is not None:
+        elif name == ev.SAVE_FAILED and current is not None:
             current.outcome = "failed"  # the trainer retries at its next boundary: it may still complete
-        elif name == "save_missed" and current is not None and current.outcome != "completed":
+        elif name == ev.SAVE_MISSED and current is not None and current.outcome != "completed":
             current.outcome = "missed"
             current.remaining_s = e.get("remaining_s")
 
@@ -238,7 +228,7 @@ def _new_save(request: Event, first_plan: Event | None) -> SaveReport:
     save.planned_signal_at = plan.get("planned_at", plan.get("signal_at"))
     planned = _epoch_or_none(save.planned_signal_at)
     if planned is not None:
-        save.signal_late_s = round(epoch(request["timestamp"]) - planned, 3)
+        save.signal_late_s = round(iso_epoch(request["timestamp"]) - planned, 3)
     save.step_estimate_s = plan.get("step_estimate_s")
     save.save_estimate_s = plan.get("save_estimate_s")
     return save
@@ -246,14 +236,14 @@ def _new_save(request: Event, first_plan: Event | None) -> SaveReport:
 
 def _steps(report: RunReport, events: Sequence[Event]) -> None:
     durations = [float(e["duration_s"]) for e in events
-                 if e["event"] == "step_observed" and isinstance(e.get("duration_s"), (int, float))]
+                 if e["event"] == ev.STEP_OBSERVED and isinstance(e.get("duration_s"), (int, float))]
     steps: dict[str, Any] = {}
     if durations:  # only with --log-level debug
         ordered = sorted(durations)
         steps.update(observed=len(durations), mean_s=round(sum(durations) / len(durations), 3),
-                     p99_s=round(ordered[max(0, math.ceil(0.99 * len(ordered)) - 1)], 3),
+                     p99_s=round(quantile(ordered, 0.99), 3),
                      max_s=round(ordered[-1], 3))
-    estimates = [e.get("step_estimate_s") for e in events if e["event"] == "save_scheduled"]
+    estimates = [e.get("step_estimate_s") for e in events if e["event"] == ev.SAVE_SCHEDULED]
     if estimates:
         steps["last_estimate_s"] = estimates[-1]
     pace = _pace_between_saves(report.saves)
@@ -269,21 +259,21 @@ def _pace_between_saves(saves: Sequence[SaveReport]) -> float | None:
     if len(done) < 2 or done[-1][0] <= done[0][0]:
         return None
     (first_step, _, first_end, _), (last_step, last_start, _, _) = done[0], done[-1]
-    span = epoch(last_start) - epoch(first_end) - sum(d[3] for d in done[1:-1])
+    span = iso_epoch(last_start) - iso_epoch(first_end) - sum(d[3] for d in done[1:-1])
     return round(span / (last_step - first_step), 3)
 
 
 def _ending(report: RunReport, events: Sequence[Event]) -> None:
     for e in events:
         name = e["event"]
-        if name == "child_stopping" and report.stop is None:
+        if name == ev.CHILD_STOPPING and report.stop is None:
             report.stop = {"at": e["timestamp"], "signal": e.get("signal"), "reason": e.get("reason"),
                            "grace_s": e.get("grace_s")}
-        elif name == "child_killed" and report.stop is not None:
+        elif name == ev.CHILD_KILLED and report.stop is not None:
             report.stop["killed"] = e.get("pids")
-        elif name == "child_exited":
+        elif name == ev.CHILD_EXITED:
             report.child_exit = {"at": e["timestamp"], "code": e.get("code"), "signal": e.get("signal")}
-        elif name == "supervisor_exit":
+        elif name == ev.SUPERVISOR_EXIT:
             report.exit_code, report.exit_reason = e.get("code"), e.get("reason")
             report.exit_meaning = exit_meaning(report.exit_code)
 
@@ -293,17 +283,14 @@ def exit_meaning(code: Any) -> str | None:
         return None
     if code in EXIT_MEANINGS:
         return EXIT_MEANINGS[code]
-    if code > 128:
-        try:
-            return f"the command was killed by {signal.Signals(code - 128).name}"
-        except ValueError:
-            pass
+    if code > 128 and signal_number(str(code - 128)) is not None:
+        return f"the command was killed by {signal_label(code - 128)}"
     return "the command's own exit code"
 
 
 def _work_at_risk(report: RunReport, events: Sequence[Event], start: float, end: float) -> dict[str, Any]:
     """Training time after the last completed checkpoint, up to where the run's work ended."""
-    saved = [e for e in events if e["event"] == "save_completed"]
+    saved = [e for e in events if e["event"] == ev.SAVE_COMPLETED]
     deadline = _final_deadline(report)
     if report.complete:
         until, until_what = end, "the end of the run"
@@ -313,14 +300,14 @@ def _work_at_risk(report: RunReport, events: Sequence[Event], start: float, end:
         until, until_what = end, "the last line of the log (it stops without supervisor_exit)"
     if deadline is not None and deadline < until:
         until, until_what = deadline, "the deadline"
-    risk: dict[str, Any] = {"until": _iso(until), "until_what": until_what}
+    risk: dict[str, Any] = {"until": iso_utc(until), "until_what": until_what}
     if saved:
         last = saved[-1]
-        since = epoch(last["timestamp"])
+        since = iso_epoch(last["timestamp"])
         risk.update(since=last["timestamp"], since_what=f"checkpoint of step {last.get('step')}")
     else:
         since = start
-        risk.update(since=_iso(start), since_what="the start of the run, no checkpoint in it")
+        risk.update(since=iso_utc(start), since_what="the start of the run, no checkpoint in it")
     risk["seconds"] = round(max(0.0, until - since), 3)
     if report.child_exit and report.child_exit.get("code") == 0 and report.stop is None:
         risk["note"] = "the command finished by itself; what it wrote at the end is not counted"
@@ -349,7 +336,7 @@ def _epoch_or_none(value: Any) -> float | None:
     if not isinstance(value, str):
         return None
     try:
-        return epoch(value)
+        return iso_epoch(value)
     except ValueError:
         return None
 
@@ -362,12 +349,8 @@ def _number(value: Any) -> float:
 
 def _brief(event: Event, start: float) -> dict[str, Any]:
     fields = {k: v for k, v in event.items() if k not in _HEAD_KEYS}
-    return {"at": event["timestamp"], "after_start_s": round(epoch(event["timestamp"]) - start, 3),
+    return {"at": event["timestamp"], "after_start_s": round(iso_epoch(event["timestamp"]) - start, 3),
             "level": event.get("level"), "event": event["event"], "fields": fields}
-
-
-def _iso(epoch_s: float) -> str:
-    return iso_utc(epoch_s)
 
 
 def report(lines: Iterable[str], *, last_only: bool = False) -> tuple[list[RunReport], int]:

@@ -1,7 +1,7 @@
 """Signals: which ones esiwrap uses, forwards or leaves alone (the one list the supervisor and the
 README table follow), and signal names as they travel between esiwrap and the trainer
-(`ESIWRAP_SIGNAL`, a hello's `stop_signal`). Standard library only: loaded in every hooked Ray
-worker.
+(`ESIWRAP_SIGNAL`, a hello's `stop_signal`). Standard library only (and `esiwrap.envvars`): loaded
+in every hooked Ray worker.
 
 Like tini and dumb-init, esiwrap forwards every catchable signal it does not use itself to the
 child, so `kill -ALRM`, `kill -PWR` (lxc-stop's halt signal) or a real-time signal reach the
@@ -33,7 +33,7 @@ import os
 import signal
 from collections.abc import Mapping
 
-SIGNAL_ENV = "ESIWRAP_SIGNAL"
+from esiwrap.envvars import SIGNAL_ENV
 
 USED = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGCHLD)
 UNCATCHABLE = (signal.SIGKILL, signal.SIGSTOP)

@@ -15,7 +15,6 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 PHASES = ("running", "save_requested", "draining", "continuing", "stopping", "killing")
-SAVE_KINDS = ("insurance", "final", "periodic", "calibration")
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,6 @@ import os
 import stat
 from collections.abc import Mapping
 
-STATUS_FILE_ENV = "ESIWRAP_STATUS_FILE"
-
 
 def candidate_dirs(environ: Mapping[str, str], uid: int) -> list[str]:
     """Where status files go, in order of preference (see the module docstring)."""

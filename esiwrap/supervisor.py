@@ -24,16 +24,17 @@ from typing import Any
 from esiwrap import controller as core
 from esiwrap import events as ev
 from esiwrap import process, state, systemd
-from esiwrap.channel import SIGNAL_ENV, SOCKET_ENV, ChannelServer, Message
+from esiwrap.channel import ChannelServer, Message
 from esiwrap.choices import AfterSave, OnSigterm
 from esiwrap.controller import Controller, ControllerConfig, Now
 from esiwrap.deadline import Source, ask, remote
+from esiwrap.envvars import RUN_ID_ENV, SIGNAL_ENV, SOCKET_ENV
 from esiwrap.errors import EXIT_FAILURE, CommandError, Halt
 from esiwrap.integrations import bootstrap_dir
 from esiwrap.log import get_logger
 from esiwrap.observe import Observer, ObserveSettings
 from esiwrap.policy import PolicyConfig
-from esiwrap.signals import HANDLED, signal_number
+from esiwrap.signals import HANDLED, signal_label, signal_number
 from esiwrap.tree import ProcessTree
 from esiwrap.watcher import DeadlineWatcher
 
@@ -61,8 +62,8 @@ class SupervisorConfig:
 
     def controller_config(self) -> ControllerConfig:
         return ControllerConfig(
-            policy=self.policy, save_signal=process.signal_name(self.save_signal),
-            stop_signal=process.signal_name(self.stop_signal), stop_grace_s=self.stop_grace_s,
+            policy=self.policy, save_signal=signal_label(self.save_signal),
+            stop_signal=signal_label(self.stop_signal), stop_grace_s=self.stop_grace_s,
             after_save=self.after_save, on_sigterm=self.on_sigterm, signal_child=self.signal_child,
             stop_budget_s=self.stop_budget_s,
         )
@@ -288,7 +289,7 @@ class Supervisor:
             if signum == signal.SIGCHLD:
                 self._reap()
             else:
-                self._feed(core.SignalReceived(process.signal_name(signum)))
+                self._feed(core.SignalReceived(signal_label(signum)))
 
     def _on_watcher_wake(self, _: selectors.SelectorKey) -> None:
         with contextlib.suppress(BlockingIOError, InterruptedError):
@@ -339,7 +340,7 @@ class Supervisor:
         return core.Hello(
             pid=message.pid, rank=message.get_int("rank"), saves=message.get_bool("saves", True),
             wants_signal=wants_signal, descendant=descendant,
-            stop_signal=process.signal_name(stop_signal) if stop_signal is not None else None,
+            stop_signal=signal_label(stop_signal) if stop_signal is not None else None,
             fields={k: v for k, v in message.fields.items() if k not in RESERVED_HELLO_KEYS},
         )
 
@@ -429,7 +430,7 @@ def _load_state(path: str | None, now: float) -> tuple[state.JobState | None, Lo
 def _child_exited(pid: int, status: int) -> core.ChildExited:
     if os.WIFSIGNALED(status):
         signum = os.WTERMSIG(status)
-        return core.ChildExited(pid, None, process.signal_name(signum), signum)
+        return core.ChildExited(pid, None, signal_label(signum), signum)
     return core.ChildExited(pid, os.waitstatus_to_exitcode(status))
 
 
@@ -442,11 +443,11 @@ def child_environment(base: Mapping[str, str], socket_path: str, config: Supervi
     esiwrap's alone), plus where to find us and which signal means "save"."""
     env = {key: value for key, value in base.items() if key not in systemd.CHILD_UNSET}
     env[SOCKET_ENV] = socket_path
-    env[SIGNAL_ENV] = process.signal_name(config.save_signal)
+    env[SIGNAL_ENV] = signal_label(config.save_signal)
     # Zero-code hooks (verl): our sitecustomize first, inert without the variables above.
     env["PYTHONPATH"] = os.pathsep.join(p for p in (bootstrap_dir(), base.get("PYTHONPATH", "")) if p)
     if config.run_id:
-        env["ESIWRAP_RUN_ID"] = config.run_id
+        env[RUN_ID_ENV] = config.run_id
     return env
 
 

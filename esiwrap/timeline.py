@@ -15,10 +15,11 @@ import html
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from typing import Any
 
-from esiwrap.report import Event, RunReport, epoch, render_text, summarize
+from esiwrap import events as ev
+from esiwrap.deadline.value import iso_epoch, iso_utc
+from esiwrap.report import Event, RunReport, render_text, summarize
 
 WIDTH = 1200
 LEFT = 118  # lane labels live left of this
@@ -36,7 +37,7 @@ COLORS = {
     "grid": "#e6e6e6",
 }
 OFF_SCALE = 1.5  # a deadline later than the end by more than 1.5 times the run: drawn at the edge
-_DRAWN_ELSEWHERE = frozenset({"deadline_changed"})  # warnings the deadline lane already shows
+_DRAWN_ELSEWHERE = frozenset({ev.DEADLINE_CHANGED})  # warnings the deadline lane already shows
 MAX_STEP_RECTS = 1500  # beyond this, the training band is one bar with step numbers on it
 
 
@@ -83,15 +84,15 @@ class Facts:
 def facts_of(events: Sequence[Event]) -> Facts:
     """The picture's facts from one run's events (in time order), via `esiwrap report`'s figures."""
     run = summarize(events)
-    facts = Facts(run=run, start=epoch(run.started_at), end=epoch(run.ended_at))
+    facts = Facts(run=run, start=iso_epoch(run.started_at), end=iso_epoch(run.ended_at))
     facts.steps = _steps(events)
     facts.attached = _attached(events, facts.end)
     facts.deadlines = _deadline_marks(run)
     facts.saves = [_save_mark(s) for s in run.saves]
-    facts.own_saves = [(epoch(t["at"]) - float(t.get("duration_s") or 0.0), epoch(t["at"]), t.get("step"))
-                       for t in run.trainer_saves]
+    facts.own_saves = [(iso_epoch(t["at"]) - float(t.get("duration_s") or 0.0), iso_epoch(t["at"]),
+                        t.get("step")) for t in run.trainer_saves]
     facts.signals = _signals(events, run)
-    facts.warnings = [(epoch(w["at"]), str(w["event"])) for w in run.warnings
+    facts.warnings = [(iso_epoch(w["at"]), str(w["event"])) for w in run.warnings
                       if w["event"] not in _DRAWN_ELSEWHERE]
     return facts
 
@@ -99,39 +100,39 @@ def facts_of(events: Sequence[Event]) -> Facts:
 def _steps(events: Sequence[Event]) -> list[tuple[float, float, int]]:
     steps = []
     for e in events:
-        if e["event"] == "step_observed" and isinstance(e.get("duration_s"), (int, float)):
-            end = epoch(e["timestamp"])
+        if e["event"] == ev.STEP_OBSERVED and isinstance(e.get("duration_s"), (int, float)):
+            end = iso_epoch(e["timestamp"])
             steps.append((end - float(e["duration_s"]), end, int(e.get("step") or 0)))
     return steps
 
 
 def _attached(events: Sequence[Event], end: float) -> tuple[float, float] | None:
-    begin = next((epoch(e["timestamp"]) for e in events if e["event"] == "trainer_attached"), None)
+    begin = next((iso_epoch(e["timestamp"]) for e in events if e["event"] == ev.TRAINER_ATTACHED), None)
     if begin is None:
         return None
-    stop = next((epoch(e["timestamp"]) for e in events if e["event"] == "child_exited"), end)
+    stop = next((iso_epoch(e["timestamp"]) for e in events if e["event"] == ev.CHILD_EXITED), end)
     return begin, stop
 
 
 def _deadline_marks(run: RunReport) -> list[DeadlineMark]:
     if run.deadline is None or not isinstance(run.deadline.get("at"), str):
         return []
-    marks = [DeadlineMark(epoch(run.deadline["at"]), str(run.deadline.get("source")),
-                          epoch(run.deadline["logged_at"]))]
+    marks = [DeadlineMark(iso_epoch(run.deadline["at"]), str(run.deadline.get("source")),
+                          iso_epoch(run.deadline["logged_at"]))]
     for change in run.deadline_changes:
         if not isinstance(change.get("new"), str):
             continue
-        known = epoch(change["logged_at"])
+        known = iso_epoch(change["logged_at"])
         marks[-1].replaced_at = known
-        marks.append(DeadlineMark(epoch(change["new"]), str(change.get("source")), known))
+        marks.append(DeadlineMark(iso_epoch(change["new"]), str(change.get("source")), known))
     return marks
 
 
 def _save_mark(s: Any) -> SaveMark:
     def at(value: Any) -> float | None:
-        return epoch(value) if isinstance(value, str) else None
+        return iso_epoch(value) if isinstance(value, str) else None
 
-    return SaveMark(kind=s.kind, reason=s.reason, outcome=s.outcome, signal=epoch(s.requested_at),
+    return SaveMark(kind=s.kind, reason=s.reason, outcome=s.outcome, signal=iso_epoch(s.requested_at),
                     planned=at(s.planned_signal_at), first_planned=at(s.first_planned_at),
                     started=at(s.started_at), completed=at(s.completed_at), step=s.step,
                     duration_s=s.duration_s, remaining_s=s.remaining_s)
@@ -141,17 +142,17 @@ def _signals(events: Sequence[Event], run: RunReport) -> list[tuple[float, str, 
     """(at, kind, label, detail for the tooltip) of each signal sent and each exit."""
     marks: list[tuple[float, str, str, str]] = []
     for e in events:
-        name, at = e["event"], epoch(e["timestamp"])
-        if name == "save_requested" and e.get("pids"):
+        name, at = e["event"], iso_epoch(e["timestamp"])
+        if name == ev.SAVE_REQUESTED and e.get("pids"):
             marks.append((at, "signal", f"{e.get('signal') or 'SIGUSR1'} → {_pids(e.get('pids'))}", ""))
-        elif name == "child_stopping":
+        elif name == ev.CHILD_STOPPING:
             marks.append((at, "stop", str(e.get("signal")), f"stop: {e.get('reason')}"))
-        elif name == "child_killed":
+        elif name == ev.CHILD_KILLED:
             marks.append((at, "kill", f"SIGKILL → {_pids(e.get('pids'))}", ""))
-        elif name == "child_exited":
+        elif name == ev.CHILD_EXITED:
             how = str(e.get("signal")) if e.get("signal") else f"exit {e.get('code')}"
             marks.append((at, "exit", f"child: {how}", ""))
-        elif name == "supervisor_exit":
+        elif name == ev.SUPERVISOR_EXIT:
             marks.append((at, "exit", f"esiwrap: exit {e.get('code')}", str(e.get("reason") or "")))
     return marks
 
@@ -287,7 +288,7 @@ def _at_risk(c: Canvas) -> None:
     risk = c.facts.run.work_at_risk
     if not isinstance(risk.get("since"), str) or not isinstance(risk.get("until"), str):
         return
-    begin, end = epoch(risk["since"]), epoch(risk["until"])
+    begin, end = iso_epoch(risk["since"]), iso_epoch(risk["until"])
     _, y1 = c.lanes["training"]
     x0, x1 = c.x(begin), c.x(end)
     text = f"at risk {_dur(risk.get('seconds'))}"
@@ -552,8 +553,9 @@ def _dur(seconds: Any) -> str:
 
 
 def _clock(epoch_s: float, ms: bool = False) -> str:
-    moment = datetime.fromtimestamp(epoch_s, tz=timezone.utc)
-    return moment.strftime("%H:%M:%S") + (f".{moment.microsecond // 1000:03d}" if ms else "")
+    """The UTC time of day of the ISO form: 02:15:11, or 02:15:11.123 with `ms`."""
+    stamp = iso_utc(epoch_s, "milliseconds" if ms else "seconds")
+    return stamp[11:-1] if stamp.endswith("Z") else stamp  # no calendar date: `epoch <value>`
 
 
 def _esc(text: str) -> str:

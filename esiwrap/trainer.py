@@ -32,7 +32,6 @@ __all__ = [
     "any_rank",
     "clear",
     "install",
-    "installed",
     "installed_signal",
     "request_save",
     "save_finished",
@@ -117,10 +116,6 @@ def uninstall() -> None:
     _state.signum = None
     _state.previous = None
     _state.client.close()
-
-
-def installed() -> bool:
-    return _state.signum is not None
 
 
 def installed_signal() -> int | None:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any, NoReturn
 
 from esiwrap import events as ev
+from esiwrap.deadline.value import iso_epoch
 from esiwrap.errors import UsageError
 from esiwrap.replay import DeadlineChange, Outcome, Trace, replay
 
@@ -63,12 +64,10 @@ class WhatIf:
 
 def what_if(run: Sequence[Event], options: str) -> WhatIf:
     """Replay one run's events with `options` (esiwrap's run options, as on its command line)."""
-    from esiwrap.report import epoch
-
     settings = _run_settings(run)
     as_run = _controller_config(settings, "")
     asked = _controller_config(settings, options)
-    start = epoch(_first(run, ev.TRAINER_ATTACHED, ev.CHILD_STARTED)["timestamp"])
+    start = iso_epoch(_first(run, ev.TRAINER_ATTACHED, ev.CHILD_STARTED)["timestamp"])
     trace, exact, saves_measured = _trace(run, start, settings)
     return WhatIf(
         options=options, steps_measured=sum(1 for e in run if e["event"] == ev.STEP_OBSERVED),
@@ -95,10 +94,9 @@ def render(result: WhatIf) -> str:
 
 # ---------------------------------------------------------------------------------- the trace
 def _trace(run: Sequence[Event], start: float, settings: Mapping[str, Any]) -> tuple[Trace, bool, int]:
-    from esiwrap.report import epoch
-
     learned = (ev.DEADLINE_RESOLVED, ev.DEADLINE_CHANGED)
-    deadlines = [(epoch(e["timestamp"]), epoch(_deadline_of(e))) for e in run if e["event"] in learned]
+    deadlines = [(iso_epoch(e["timestamp"]), iso_epoch(_deadline_of(e)))
+                 for e in run if e["event"] in learned]
     if not deadlines:
         msg = "no deadline in this run: there is nothing to replay against"
         raise WhatIfError(msg)
@@ -142,11 +140,10 @@ def _saves_by_step(run: Sequence[Event], count: int, guess_s: float) -> list[flo
 
 # ---------------------------------------------------------------------------------- outcomes
 def _actual(run: Sequence[Event], trace: Trace, start: float) -> Side:
-    from esiwrap.report import epoch
-
     done = [e for e in run if e["event"] == ev.SAVE_COMPLETED and isinstance(e.get("step"), int)
-            and epoch(e["timestamp"]) - start <= trace.reclaim_at]
-    saves = tuple((str(e.get("kind") or "own"), int(e["step"]), epoch(e["timestamp"]) - start) for e in done)
+            and iso_epoch(e["timestamp"]) - start <= trace.reclaim_at]
+    saves = tuple((str(e.get("kind") or "own"), int(e["step"]), iso_epoch(e["timestamp"]) - start)
+                  for e in done)
     saved = max((s[1] for s in saves), default=None)
     boundaries = trace.boundaries()
     progress = boundaries[saved - 1] if saved is not None and saved <= len(boundaries) else 0.0

@@ -76,7 +76,8 @@ def main(argv: list[str]) -> int:
                 if writes:
                     time.sleep(options.save_seconds)
                     save_atomically({"model": model.module.state_dict(), "step": step}, path)
-            print(f"ddp_trainer rank {rank}: saved step {step}", flush=True)
+                # Said inside the block: once it ends, the acknowledgement may stop the job at once.
+                print(f"ddp_trainer rank {rank}: saved step {step}", flush=True)
     dist.destroy_process_group()
     return 0
 

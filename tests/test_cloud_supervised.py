@@ -4,7 +4,6 @@ renewals and spot notices move the deadline while training runs, and the save la
 from __future__ import annotations
 
 import json
-from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -14,6 +13,7 @@ from fakes.metadata import FakeMetadata
 from fakes.volcengine_api import ACCESS_DENIED, FakeVolcengineApi
 
 from esiwrap.deadline import parse_iso
+from esiwrap.deadline.value import iso_epoch
 from esiwrap.errors import EXIT_CHECKPOINTED
 
 SPOT_ITEM = "/latest/spot_instance_termination_time"
@@ -29,7 +29,7 @@ def run_args(ckpt: Path, sources: str, *extra: str) -> list[str]:
 
 
 def at(event: dict[str, object]) -> float:
-    return datetime.fromisoformat(str(event["timestamp"]).replace("Z", "+00:00")).timestamp()
+    return iso_epoch(str(event["timestamp"]))
 
 
 def requested_saves(run: EsiwrapRun) -> list[dict[str, object]]:

@@ -87,9 +87,9 @@ def test_pid_1_reaps_orphans(container: list[EsiwrapRun]) -> None:
 
 
 def _at(event: dict[str, object]) -> float:
-    from esiwrap.report import epoch
+    from esiwrap.deadline.value import iso_epoch
 
-    return epoch(str(event["timestamp"]))
+    return iso_epoch(str(event["timestamp"]))
 
 
 def test_a_declared_stop_budget_that_cannot_hold_a_checkpoint_is_warned(container: list[EsiwrapRun],

@@ -9,9 +9,9 @@ from controller_driver import CHILD, Driver, exits, logs, signals
 
 from esiwrap import controller as core
 from esiwrap.controller import ControllerConfig, Mode
+from esiwrap.deadline.value import iso_epoch
 from esiwrap.errors import EXIT_CHECKPOINTED, EXIT_SAVE_MISSED
 from esiwrap.policy import PolicyConfig
-from esiwrap.report import epoch
 
 QUICK = PolicyConfig(redundant_s=4.0, save_duration_s=1.0, final_margin_s=2.0, unmeasured_factor=1.0,
                      interruption_rate_per_day=0.0)
@@ -33,7 +33,7 @@ def test_final_save_is_logged_even_close_to_the_insurance_moment() -> None:
     d.save(28, 0.1)
     scheduled = logs(d.actions, "save_scheduled")
     assert [e["kind"] for e in scheduled] == ["insurance", "final"]
-    moments = [epoch(e["signal_at"]) for e in scheduled]
+    moments = [iso_epoch(e["signal_at"]) for e in scheduled]
     assert 0 < moments[1] - moments[0] < 5.0
 
 

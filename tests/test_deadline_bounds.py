@@ -29,6 +29,7 @@ from esiwrap.deadline.spot import (
     aws_spot,
     volcengine_spot,
 )
+from esiwrap.deadline.value import iso_epoch
 from esiwrap.errors import EXIT_NO_DEADLINE, EXIT_USAGE, SourceUnavailable
 from esiwrap.systemd.status import StatusFacts, human_duration, status_parts
 
@@ -48,6 +49,18 @@ def test_iso_utc_keeps_the_usual_form_in_range() -> None:
     """Within years 1..9999 the format is unchanged: ISO-8601 UTC with milliseconds."""
     assert iso_utc(1_796_083_200.5) == "2026-12-01T00:00:00.500Z"
     assert iso_utc(253402300799.0) == "9999-12-31T23:59:59.000Z"
+
+
+def test_one_iso_form_at_two_precisions_and_read_back() -> None:
+    """`iso_utc` writes milliseconds (logs, reports) or seconds (the systemd status line), both
+    ending in Z; `iso_epoch` reads either back (a naive time is UTC) and refuses anything else."""
+    assert iso_utc(1_796_083_200.5, "seconds") == "2026-12-01T00:00:00Z"
+    assert iso_utc(1e300, "seconds") == iso_utc(1e300) == "epoch 1e+300"
+    assert iso_epoch("2026-12-01T00:00:00.500Z") == iso_epoch("2026-12-01T00:00:00.500") == 1_796_083_200.5
+    assert iso_epoch("2026-12-01T08:00:00+08:00") == 1_796_083_200.0
+    for nonsense in ("yesterday", "", "epoch 1e+300"):
+        with pytest.raises(ValueError):
+            iso_epoch(nonsense)
 
 
 def test_status_line_formatters_never_raise() -> None:

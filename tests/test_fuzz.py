@@ -20,6 +20,7 @@ from esiwrap.cli import RUN_OPTIONS, SOURCE_OPTIONS, build_run_parser, resolve_o
 from esiwrap.deadline import TimeParseError, iso_utc, parse_duration, parse_epoch, parse_iso, parse_when
 from esiwrap.deadline.bounds import implausible
 from esiwrap.deadline.parse import MAX_DURATION_S
+from esiwrap.deadline.value import iso_epoch
 from esiwrap.errors import UsageError
 from esiwrap.report import event_of, read_events, render_text, report, to_json
 
@@ -80,6 +81,17 @@ def test_iso_utc_never_raises(value: float) -> None:
     """Any number is written: ISO-8601 in years 1..9999, `epoch <value>` outside."""
     text = iso_utc(value)
     assert text.endswith("Z") or text.startswith("epoch ")
+
+
+@BOUNDED
+@given(value=st.floats(min_value=0.0, max_value=2.0**32))
+def test_iso_utc_reads_back_to_the_millisecond(value: float) -> None:
+    """What `iso_utc` writes (logs, reports), `iso_epoch` reads back: the same millisecond.
+    (Until 2106: beyond 2**32 s a float's step exceeds half a microsecond, and a read-back
+    x.812 may become x.811996.)"""
+    text = iso_utc(value)
+    assert iso_utc(iso_epoch(text)) == text
+    assert abs(iso_epoch(text) - value) < 0.002
 
 
 # ---------------------------------------------------------------------- channel decoder

@@ -29,6 +29,15 @@ def test_every_json_line_has_the_contract_fields(esiwrap) -> None:
     assert run.names()[0] == "child_started" and run.names()[-1] == "supervisor_exit"
 
 
+def test_the_command_sees_the_run_id_socket_and_save_signal(esiwrap) -> None:
+    """The command's environment names the run (`ESIWRAP_RUN_ID`, the `run_id` of the log), the
+    channel (`ESIWRAP_SOCKET`) and the save signal (`ESIWRAP_SIGNAL`), as README says."""
+    show = 'echo "run=$ESIWRAP_RUN_ID signal=$ESIWRAP_SIGNAL socket=${ESIWRAP_SOCKET:+set}"'
+    run = esiwrap("--signal", "SIGUSR2", "--", "sh", "-c", show)
+    assert run.finish(timeout=30) == 0
+    assert run.stdout.decode().strip() == f"run={run.events[0]['run_id']} signal=SIGUSR2 socket=set"
+
+
 def test_log_file_gets_json_while_console_is_readable(tmp_path: Path) -> None:
     """--log-format console for people, --log-file keeps the JSON lines for jq and report."""
     log_file = tmp_path / "run.jsonl"

@@ -21,8 +21,8 @@ import pytest
 import torch
 from esiwrap_harness import EXAMPLES, PYTHON, EsiwrapRun, free_port, processes_with_marker, wait_until
 
+from esiwrap.deadline.value import iso_epoch
 from esiwrap.errors import EXIT_CHECKPOINTED
-from esiwrap.report import epoch
 
 STARTUP_S = 240.0  # two framework imports and a rendezvous on two loaded cores
 
@@ -97,7 +97,7 @@ def test_two_nodes_save_once_and_both_stop_after_rank0s_checkpoint(
         completed = [e for e in run.events if e["event"] == "save_completed"]
         assert len(completed) == 1 and completed[0]["step"] == step, completed
         # log timestamps have milliseconds; the ddp job's slow write makes any early one 2 s early
-        assert epoch(completed[0]["timestamp"]) >= written_at - 0.001, (completed[0], written_at)
+        assert iso_epoch(completed[0]["timestamp"]) >= written_at - 0.001, (completed[0], written_at)
         assert "checkpoint complete" in run.first("child_stopping")["reason"]
     assert wait_until(lambda: not processes_with_marker(str(out)), timeout=30), [
         p.info["cmdline"] for p in processes_with_marker(str(out))]

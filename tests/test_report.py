@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 from esiwrap_harness import PYTHON, ROOT, TINY_TRAINER, EsiwrapRun
 
+from esiwrap.deadline.value import iso_epoch
 from esiwrap.errors import EXIT_CHECKPOINTED, EXIT_SAVE_MISSED, EXIT_USAGE
-from esiwrap.report import epoch
 
 CHANGING_DEADLINE = ROOT / "tests" / "changing_deadline.py"
 
@@ -140,7 +140,8 @@ def test_happy_and_missed_runs_in_one_log_file(logs: Logs) -> None:
     assert happy["exit_code"] == EXIT_CHECKPOINTED and happy["complete"]
     risk = happy["work_at_risk"]
     assert risk["since"] == completed[-1]["timestamp"] and risk["until"] == exit_event["timestamp"]
-    assert risk["seconds"] == round(epoch(exit_event["timestamp"]) - epoch(completed[-1]["timestamp"]), 3)
+    at_risk = iso_epoch(exit_event["timestamp"]) - iso_epoch(completed[-1]["timestamp"])
+    assert risk["seconds"] == round(at_risk, 3)
 
     assert missed["exit_code"] == EXIT_SAVE_MISSED
     assert [(s["kind"], s["outcome"]) for s in missed["saves"]] == [("insurance", "missed")]
@@ -201,7 +202,8 @@ def test_truncated_last_line(logs: Logs, tmp_path: Path) -> None:
     assert final_save["outcome"] == "completed"
     risk = run["work_at_risk"]
     assert risk["until"] == run["deadline"]["at"] and "deadline" in risk["until_what"]
-    assert risk["seconds"] == round(epoch(run["deadline"]["at"]) - epoch(final_save["completed_at"]), 3)
+    at_risk = iso_epoch(run["deadline"]["at"]) - iso_epoch(final_save["completed_at"])
+    assert risk["seconds"] == round(at_risk, 3)
     text = esiwrap_report(str(cut)).stdout
     assert "no supervisor_exit" in text
 
@@ -213,18 +215,18 @@ def test_deadline_change_is_reported(logs: Logs) -> None:
     (change,) = run["deadline_changes"]
     assert run["deadline"]["source"] == change["source"] == "file"
     before, after = logs.deadlines
-    assert epoch(change["old"]) == pytest.approx(before, abs=0.002)
-    assert epoch(change["new"]) == pytest.approx(after, abs=0.002)
+    assert iso_epoch(change["old"]) == pytest.approx(before, abs=0.002)
+    assert iso_epoch(change["new"]) == pytest.approx(after, abs=0.002)
     assert change["moved_s"] == pytest.approx(after - before, abs=0.004) and change["moved_s"] < -5
-    new_deadline = epoch(change["new"])
+    new_deadline = iso_epoch(change["new"])
     saves = [(s["kind"], s["outcome"]) for s in run["saves"]]
     assert saves[0] == ("insurance", "completed") and saves[-1] == ("final", "completed")
     assert {outcome for _, outcome in saves} == {"completed"}
     # The final save is planned ~2 s after the insurance save's moment: its save_scheduled is
     # logged all the same (a new save always is; only re-plans of one save are thinned out).
     assert all(s["first_planned_at"] for s in run["saves"])
-    assert all(epoch(s["completed_at"]) < new_deadline for s in run["saves"])
-    assert epoch(run["work_at_risk"]["until"]) <= new_deadline
+    assert all(iso_epoch(s["completed_at"]) < new_deadline for s in run["saves"])
+    assert iso_epoch(run["work_at_risk"]["until"]) <= new_deadline
     text = esiwrap_report(str(logs.change)).stdout
     assert f"changed to {change['new']} from file" in text
 

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import signal
 
-from esiwrap.report import event_of, read_events, split_runs
+from esiwrap.policy import quantile
+from esiwrap.report import event_of, exit_meaning, read_events, split_runs, summarize
+from esiwrap.signals import signal_label
 
 EVENT = {"timestamp": "2026-11-30T02:00:00.000Z", "level": "info", "event": "child_started",
          "run_id": "abc123", "pid": 7}
@@ -36,3 +39,22 @@ def test_runs_are_split_by_run_id_in_start_order() -> None:
     assert [[e["event"] for e in run] for run in runs] == [
         ["child_started"], ["deadline_resolved", "child_started", "supervisor_exit"]]
     assert runs[0][0]["run_id"] == "def456"
+
+
+def test_step_quantile_is_the_policys_nearest_rank() -> None:
+    """The report's p99 step is `policy.quantile`'s nearest rank: a step that occurred, the same
+    figure the policy plans with (101 steps: the 100th longest, not an interpolation)."""
+    steps = [{**EVENT, "event": "step_observed", "step": i, "duration_s": float(i)} for i in range(1, 102)]
+    figures = summarize([EVENT, *steps]).steps
+    assert figures["p99_s"] == quantile([float(i) for i in range(1, 102)], 0.99) == 100.0
+    assert (figures["observed"], figures["max_s"]) == (101, 101.0)
+
+
+def test_exit_codes_past_128_name_the_signal_as_esiwrap_writes_it() -> None:
+    """128+N names signal N the way `signals.signal_label` writes it (real-time ones as
+    SIGRTMIN+K); a number that is no signal is the command's own code."""
+    assert exit_meaning(128 + signal.SIGKILL) == "the command was killed by SIGKILL"
+    rt = int(signal.SIGRTMIN) + 3
+    assert exit_meaning(128 + rt) == f"the command was killed by {signal_label(rt)}"
+    assert signal_label(rt) == "SIGRTMIN+3"
+    assert exit_meaning(128 + 72) == "the command's own exit code"

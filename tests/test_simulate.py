@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import sys
 import time
-from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -16,6 +15,7 @@ import simulate
 from runners import run_esiwrap, run_oracle, run_verl, verl_wants_save
 from traces import FAMILIES, Params, Scenario, generate
 
+from esiwrap.deadline.value import iso_epoch
 from esiwrap.errors import EXIT_CHECKPOINTED
 from esiwrap.policy import PolicyConfig
 
@@ -131,11 +131,11 @@ def test_the_simulated_supervisor_saves_where_the_real_one_did(esiwrap) -> None:
                   "--final-margin", "0.3", "--log-level", "debug", "--", sys.executable, str(child),
                   "0.3", "0.2")
     assert run.finish(timeout=60) == EXIT_CHECKPOINTED
-    attached = datetime.fromisoformat(run.first("trainer_attached")["timestamp"].replace("Z", "+00:00"))
+    attached = iso_epoch(run.first("trainer_attached")["timestamp"])
     steps = [e["duration_s"] for e in run.events if e["event"] == "step_observed"]
     completed = [e for e in run.events if e["event"] == "save_completed"]
     assert [e["kind"] for e in completed][:1] == ["insurance"]
-    horizon = deadline - attached.timestamp()
+    horizon = deadline - attached
     steps += [0.3] * 20  # the steps the real run did not live to make
     scenario = Scenario("real", steps, [max(e["duration_s"] for e in completed)] * len(steps),
                         horizon, horizon)

@@ -66,6 +66,8 @@ def test_usage_errors_are_one_line_and_exit_2() -> None:
         (["--deadline", "2025-13-01T00:00:00Z", "--", "true"], "--deadline '2025-13-01T00:00:00Z': month"),
         (["--step-quantile", "1.5", "--", "true"], "--step-quantile '1.5'"),
         (["--signal", "SIGTERM", "--", "true"], "must be one of SIGUSR1, SIGUSR2"),
+        (["--signal", "SIGRTMIN+3", "--", "true"], "--signal 'SIGRTMIN+3': must be one of SIGUSR1, SIGUSR2"),
+        (["--stop-signal", "40", "--", "true"], "--stop-signal '40': must be one of SIGTERM, SIGINT"),
         (["--stop-grace", "soon", "--", "true"], "e.g. --stop-grace 30"),
         (["--sources", "cli,bogus", "--", "true"], "--sources 'cli,bogus'"),
         (["--after-save", "later", "--", "true"], "must be one of stop, linger, continue"),

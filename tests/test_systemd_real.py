@@ -14,13 +14,13 @@ import re
 import subprocess
 import time
 from collections.abc import Iterator
-from datetime import datetime
 from pathlib import Path
 
 import pytest
 from esiwrap_harness import PYTHON, ROOT, TINY_TRAINER
 from systemd_namespace import CGROUP_V1, SystemdNamespace
 
+from esiwrap.deadline.value import iso_epoch
 from esiwrap.errors import EXIT_CHECKPOINTED, EXIT_USAGE
 
 ESIWRAP = Path(PYTHON).parent / "esiwrap"
@@ -133,7 +133,7 @@ def test_start_ready_status_stop_checkpoint_and_resume(manager: SystemdNamespace
                                 "StatusText")["StatusText"]
     shown = re.match(r"deadline (\S+) \(cli\)", status)
     assert shown is not None, status
-    deadline = datetime.fromisoformat(shown.group(1).replace("Z", "+00:00")).timestamp()
+    deadline = iso_epoch(shown.group(1))
     assert abs(deadline - (started_at + 3600)) < 30
     first = state["InvocationID"]
     manager.wait_journal(lambda line: line.startswith("tiny_trainer: starting at step 0"), unit("train"),

@@ -173,29 +173,45 @@ def test_timeline_page_renders_the_run_in_chromium(moved_run: Run, tmp_path: Pat
         assert max(blue.share_of(COLORS["step_a"]), blue.share_of(COLORS["step_b"])) > 0.8
 
 
-def test_a_log_without_steps_or_deadline_still_draws(tmp_path: Path) -> None:
-    """An info-level log of a run with no deadline: the attached span, 'no deadline known',
-    'no save'; the SVG is well-formed and the command line is escaped."""
-    log = tmp_path / "plain.jsonl"
-    events = [
-        {"event": "child_started", "pid": 7, "argv": ["python", "train.py", "--name", "<a & b>"]},
-        {"event": "trainer_attached", "pid": 7},
-        {"event": "child_exited", "pid": 7, "code": 0, "signal": None},
-        {"event": "supervisor_exit", "code": 0, "reason": "child exited"},
-    ]
+SVG = "{http://www.w3.org/2000/svg}"
+PLAIN_RUN = [
+    {"event": "child_started", "pid": 7, "argv": ["python", "train.py", "--name", "<a & b>"]},
+    {"event": "trainer_attached", "pid": 7},
+    {"event": "child_exited", "pid": 7, "code": 0, "signal": None},
+    {"event": "supervisor_exit", "code": 0, "reason": "child exited"},
+]
+
+
+def svg_of(events: list[dict[str, Any]], tmp_path: Path) -> ET.Element:
+    """`esiwrap report --svg` of a log holding these events, a second apart; the parsed SVG."""
+    log, svg_file = tmp_path / "run.jsonl", tmp_path / "run.svg"
     lines = [json.dumps({"timestamp": f"2026-11-30T10:00:0{i}.000Z", "level": "info", "run_id": "r1", **e})
              for i, e in enumerate(events)]
     log.write_text("\n".join(lines) + "\n")
-    svg_file = tmp_path / "plain.svg"
     done = subprocess.run([PYTHON, "-m", "esiwrap", "report", str(log), "--svg", str(svg_file)],
                           capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
-    root = ET.parse(svg_file).getroot()
-    texts = [t.text or "" for t in root.iter("{http://www.w3.org/2000/svg}text")]
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    return ET.parse(svg_file).getroot()
+
+
+def test_a_log_without_steps_or_deadline_still_draws(tmp_path: Path) -> None:
+    """An info-level log of a run with no deadline: the attached span, 'no deadline known',
+    'no save'; the SVG is well-formed and the command line is escaped."""
+    root = svg_of(PLAIN_RUN, tmp_path)
+    texts = [t.text or "" for t in root.iter(f"{SVG}text")]
     assert "no deadline known" in texts and "no save" in texts
     assert any("<a & b>" in t for t in texts)  # escaped in the file, intact once parsed
-    spans = [r for r in root.iter("{http://www.w3.org/2000/svg}rect") if r.get("class") == "training-span"]
+    spans = [r for r in root.iter(f"{SVG}rect") if r.get("class") == "training-span"]
     assert len(spans) == 1
+
+
+def test_a_deadline_past_the_year_9999_in_utc_still_draws(tmp_path: Path) -> None:
+    """A deadline that parses but has no UTC calendar date (9999-12-31T23:59:59-12:00) is drawn
+    and labelled as an epoch: formatting a time never raises (it used to end in a traceback)."""
+    far = {"event": "deadline_resolved", "source": "cli", "deadline": "9999-12-31T23:59:59-12:00"}
+    root = svg_of([PLAIN_RUN[0], far, *PLAIN_RUN[1:]], tmp_path)
+    texts = [t.text or "" for t in root.iter(f"{SVG}text")]
+    assert any("epoch 253402343999" in t for t in texts), texts
 
 
 def test_unwritable_output_is_one_line(tmp_path: Path) -> None:

@@ -16,9 +16,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 from runners import run_esiwrap
 from traces import DeadlineChange, Scenario
 
+from esiwrap.deadline.value import iso_epoch
 from esiwrap.errors import EXIT_CHECKPOINTED, EXIT_USAGE
 from esiwrap.policy import PolicyConfig
-from esiwrap.report import epoch
 
 WHAT_IF = "--redundant-time 1 --final-margin 0.5"
 
@@ -61,8 +61,8 @@ def test_the_what_if_is_what_the_simulator_says_on_the_same_durations(run_log: P
     done = report(str(run_log), "--json", "--what-if", WHAT_IF)
     (replayed,) = json.loads(done.stdout)["what_if"]
     events = [json.loads(line) for line in run_log.read_text().splitlines()]
-    start = epoch(next(e for e in events if e["event"] == "trainer_attached")["timestamp"])
-    deadline = epoch(next(e for e in events if e["event"] == "deadline_resolved")["deadline"]) - start
+    start = iso_epoch(next(e for e in events if e["event"] == "trainer_attached")["timestamp"])
+    deadline = iso_epoch(next(e for e in events if e["event"] == "deadline_resolved")["deadline"]) - start
     steps = [e["duration_s"] for e in events if e["event"] == "step_observed"]
     median = sorted(steps)[len(steps) // 2]
     while sum(steps) <= deadline + median:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Protocol, runtime_checkable
+from typing import Literal, Protocol, runtime_checkable
 
 
 @dataclass(frozen=True)
@@ -24,12 +24,10 @@ class Deadline:
     def iso(self) -> str:
         return iso_utc(self.at)
 
-    def remaining_s(self, now: float) -> float:
-        return self.at - now
 
-
-def iso_utc(epoch_s: float) -> str:
-    """Epoch seconds as ISO-8601 UTC with milliseconds, e.g. 2026-11-30T02:15:11.123Z.
+def iso_utc(epoch_s: float, timespec: Literal["milliseconds", "seconds"] = "milliseconds") -> str:
+    """Epoch seconds as ISO-8601 UTC, e.g. 2026-11-30T02:15:11.123Z (`timespec="seconds"`:
+    2026-11-30T02:15:11Z): the one way esiwrap writes a moment (logs, reports, systemd status).
 
     Never raises: a value with no calendar date between the years 1 and 9999 (or not a number)
     is written as `epoch <value>`.
@@ -37,7 +35,20 @@ def iso_utc(epoch_s: float) -> str:
     moment = utc_datetime(epoch_s)
     if moment is None:
         return f"epoch {epoch_s!r}"
-    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return moment.isoformat(timespec=timespec).replace("+00:00", "Z")
+
+
+def iso_epoch(timestamp: str) -> float:
+    """Epoch seconds of an ISO-8601 timestamp, as `iso_utc` writes it (a log read back); a naive
+    time is UTC. ValueError for anything else. (A deadline a person typed is `parse.parse_iso`:
+    stricter, with messages that say how to fix it.)"""
+    try:
+        moment = datetime.fromisoformat(timestamp.replace("Z", "+00:00"))
+        if moment.tzinfo is None:
+            moment = moment.replace(tzinfo=timezone.utc)
+        return moment.timestamp()
+    except (OverflowError, TypeError, AttributeError) as exc:
+        raise ValueError(str(exc)) from None
 
 
 def utc_datetime(epoch_s: float) -> datetime | None:

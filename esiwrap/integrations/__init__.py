@@ -12,16 +12,25 @@ from __future__ import annotations
 
 import os
 
+from esiwrap.envvars import CHAINED_RAY_ENV_HOOK, HOOK_SWITCH_ENV, RELAY_ENV, SOCKET_ENV
+
 TYPE_CHECKING = False  # loaded at interpreter start-up: the typing machinery only for mypy
 if TYPE_CHECKING:
     from types import ModuleType
 
-__all__ = ["HOOK_SWITCH_ENV", "RELAY_ENV", "activate", "bootstrap_dir", "install_verl_hooks", "package_dir"]
+__all__ = [
+    "HOOK_SWITCH_ENV",
+    "RELAY_ENV",
+    "VERL_LEGACY_MODULES",
+    "VERL_TRAINER_MODULES",
+    "VERL_V1_MODULE",
+    "activate",
+    "bootstrap_dir",
+    "install_verl_hooks",
+    "package_dir",
+]
 
-RELAY_ENV = "ESIWRAP_RELAY"  # set by the driver's Ray runtime-env hook: "this Ray job is esiwrap's"
-HOOK_SWITCH_ENV = "ESIWRAP_HOOK"  # "0" turns the zero-code hooks off
 RAY_ENV_HOOK = "RAY_RUNTIME_ENV_HOOK"
-CHAINED_RAY_ENV_HOOK = "ESIWRAP_CHAINED_RAY_RUNTIME_ENV_HOOK"
 OUR_RAY_ENV_HOOK = "esiwrap.integrations.ray_relay.runtime_env_hook"
 
 
@@ -39,22 +48,24 @@ def activate() -> None:
     """Called by the bootstrap at interpreter start-up; cheap and silent when not under esiwrap."""
     if os.environ.get(HOOK_SWITCH_ENV, "1") == "0":
         return
-    if os.environ.get("ESIWRAP_SOCKET"):
+    if os.environ.get(SOCKET_ENV):
         _chain_ray_runtime_env_hook()
     if os.environ.get(RELAY_ENV):  # a Ray worker of esiwrap's job on a cluster the driver started
         from esiwrap.integrations import ray_relay
 
         ray_relay.prepare_worker()
-    elif os.environ.get("ESIWRAP_SOCKET"):  # no relay (yet, or ever: `uv run` skips Ray's env hook)
+    elif os.environ.get(SOCKET_ENV):  # no relay (yet, or ever: `uv run` skips Ray's env hook)
         install_verl_hooks()
 
 
-VERL_TRAINER_MODULES = (  # the modules whose names the verl hook patches
+# The verl modules whose names the verl hook patches (`esiwrap.integrations.verl`).
+VERL_LEGACY_MODULES = (  # RayPPOTrainer.fit, and the experimental trainers built on it
     "verl.trainer.ppo.ray_trainer",
     "verl.experimental.separation.ray_trainer",
     "verl.experimental.fully_async_policy.fully_async_trainer",
-    "verl.trainer.ppo.v1.trainer_base",
 )
+VERL_V1_MODULE = "verl.trainer.ppo.v1.trainer_base"  # PPOTrainer, the default loop
+VERL_TRAINER_MODULES = (*VERL_LEGACY_MODULES, VERL_V1_MODULE)
 _verl_hooks_installed = False
 
 

@@ -25,8 +25,9 @@ import signal
 import sys
 import threading
 
-from esiwrap.integrations import CHAINED_RAY_ENV_HOOK, RELAY_ENV, package_dir
-from esiwrap.signals import SIGNAL_ENV, save_signal
+from esiwrap.envvars import CHAINED_RAY_ENV_HOOK, CHAINED_SETUP_HOOK_ENV, RELAY_ENV, SIGNAL_ENV
+from esiwrap.integrations import package_dir
+from esiwrap.signals import save_signal
 
 TYPE_CHECKING = False  # workers import this at start-up: the typing module only for mypy
 if TYPE_CHECKING:
@@ -46,7 +47,6 @@ __all__ = [
 
 NAMESPACE = "esiwrap"
 SETUP_HOOK = "esiwrap.integrations.ray_relay.worker_setup"
-CHAINED_SETUP_HOOK_ENV = "ESIWRAP_CHAINED_SETUP_HOOK"
 RELAY_POLL_S = 0.2  # how often the driver looks for the TaskRunner's events
 HELLO_FIELDS_OWNED_BY_DRIVER = frozenset({"type", "pid", "signal", "stop_signal", "saves"})
 

@@ -33,7 +33,7 @@ from typing import Any
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 import esiwrap.trainer as esi
-from esiwrap.channel import SOCKET_ENV
+from esiwrap.envvars import SOCKET_ENV
 
 __all__ = ["EsiwrapCallback", "last_checkpoint"]
 

@@ -30,28 +30,25 @@ import os
 import sys
 import time
 
+from esiwrap.envvars import SOCKET_ENV
+from esiwrap.integrations import VERL_LEGACY_MODULES, VERL_V1_MODULE
+
 TYPE_CHECKING = False  # loaded at every Ray worker's start-up: the typing module only for mypy
 if TYPE_CHECKING:
     from types import ModuleType
     from typing import Any
 
-__all__ = ["LEGACY_MODULES", "V1_MODULE", "loop", "patch_module"]
+__all__ = ["loop", "patch_module"]
 
-LEGACY_MODULES = (
-    "verl.trainer.ppo.ray_trainer",
-    "verl.experimental.separation.ray_trainer",
-    "verl.experimental.fully_async_policy.fully_async_trainer",
-)
-V1_MODULE = "verl.trainer.ppo.v1.trainer_base"
 TRACKER = "latest_checkpointed_iteration.txt"
 PATCHED = "__esiwrap_patched__"
 
 
 def patch_module(module: ModuleType) -> None:
     """Called by the post-import hook (`esiwrap.integrations.install_verl_hooks`)."""
-    if module.__name__ == V1_MODULE:
+    if module.__name__ == VERL_V1_MODULE:
         patch_v1_module(module)
-    elif module.__name__ in LEGACY_MODULES:
+    elif module.__name__ in VERL_LEGACY_MODULES:
         patch_legacy_module(module)
 
 
@@ -97,7 +94,7 @@ class _Loop:
 
         transport: Transport | None = ray_relay.KvRelay.from_env()
         relayed = transport is not None
-        if not relayed and os.environ.get("ESIWRAP_SOCKET"):
+        if not relayed and os.environ.get(SOCKET_ENV):
             # No driver relay (Ray skipped our runtime-env hook): talk to esiwrap directly and
             # be signalled directly, which works where this process descends from esiwrap.
             transport = _DirectChannel()

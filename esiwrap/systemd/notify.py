@@ -13,6 +13,7 @@ import os
 import socket
 from collections.abc import Mapping
 
+from esiwrap import events as ev
 from esiwrap.log import get_logger
 
 NOTIFY_SOCKET_ENV = "NOTIFY_SOCKET"
@@ -67,7 +68,7 @@ class Notifier:
     def from_environ(cls, environ: Mapping[str, str], pid: int | None = None) -> Notifier:
         address = socket_address(environ.get(NOTIFY_SOCKET_ENV, ""))
         if environ.get(NOTIFY_SOCKET_ENV) and address is None:
-            get_logger().warning("systemd_notify_unsupported", socket=environ[NOTIFY_SOCKET_ENV])
+            get_logger().warning(ev.SYSTEMD_NOTIFY_UNSUPPORTED, socket=environ[NOTIFY_SOCKET_ENV])
         watchdog = watchdog_interval_s(environ, os.getpid() if pid is None else pid)
         return cls(address, watchdog)
 
@@ -83,7 +84,7 @@ class Notifier:
         except OSError as exc:
             if not self._failed:  # once: a gone socket would otherwise log on every status
                 self._failed = True
-                get_logger().warning("systemd_notify_failed", error=f"{type(exc).__name__}: {exc}")
+                get_logger().warning(ev.SYSTEMD_NOTIFY_FAILED, error=f"{type(exc).__name__}: {exc}")
 
     def ready(self, stable: str, volatile: str, mono: float) -> None:
         """The child runs: READY=1 with the first status line."""

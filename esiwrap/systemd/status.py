@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from esiwrap.deadline.value import iso_utc, utc_datetime
+from esiwrap.deadline.value import iso_utc
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,7 @@ def status_parts(facts: StatusFacts) -> tuple[str, str]:
 def _deadline(facts: StatusFacts) -> str:
     if facts.deadline_at is None:
         return "resolving the deadline" if facts.deadline_pending else "no deadline known"
-    return f"deadline {_iso_seconds(facts.deadline_at)} ({facts.source})"
+    return f"deadline {iso_utc(facts.deadline_at, 'seconds')} ({facts.source})"
 
 
 def _save(facts: StatusFacts) -> list[str]:
@@ -66,7 +66,7 @@ def _save(facts: StatusFacts) -> list[str]:
     elif facts.phase == "continuing":
         parts.append("planned saves done, training continues")
     elif facts.signal_at is not None:
-        parts.append(f"{facts.plan_kind} save at {_iso_seconds(facts.signal_at)}")
+        parts.append(f"{facts.plan_kind} save at {iso_utc(facts.signal_at, 'seconds')}")
     return parts
 
 
@@ -84,8 +84,3 @@ def human_duration(seconds: float) -> str:
     if whole < 172800:
         return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
     return f"{whole // 86400}d{whole % 86400 // 3600:02d}h"
-
-
-def _iso_seconds(epoch_s: float) -> str:
-    moment = utc_datetime(epoch_s)
-    return moment.strftime("%Y-%m-%dT%H:%M:%SZ") if moment is not None else iso_utc(epoch_s)

@@ -23,10 +23,10 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
+from esiwrap.envvars import COMMAND_ENV
 from esiwrap.errors import UsageError
 
 TEMPLATE_NAME = "esiwrap@.service"
-COMMAND_ENV = "ESIWRAP_COMMAND"
 SHIPPED_EXEC = "/opt/esiwrap/venv/bin/esiwrap"
 DEFAULT_ENV_DIR = "/etc/esiwrap"
 DEFAULT_UNIT_DIR = "/etc/systemd/system"

@@ -1,0 +1,26 @@
+"""The names of esiwrap's environment variables: one home for every `ESIWRAP_…` name.
+
+No imports: loaded at every interpreter start-up in the child's processes (the zero-code hooks).
+`esiwrap/_bootstrap/sitecustomize.py` runs before esiwrap is importable and spells its three
+names out; a test holds them equal to these.
+"""
+
+from __future__ import annotations
+
+PREFIX = "ESIWRAP_"  # every run option can come from ESIWRAP_<OPTION>, e.g. ESIWRAP_STOP_GRACE
+
+# Exported by esiwrap to the command it runs.
+SOCKET_ENV = "ESIWRAP_SOCKET"  # the channel's socket: the trainer library talks only when it is set
+SIGNAL_ENV = "ESIWRAP_SIGNAL"  # the save signal (`--signal`), by name
+RUN_ID_ENV = "ESIWRAP_RUN_ID"  # the run's `run_id`, as in every log line
+
+# Read by esiwrap itself (besides the ESIWRAP_<OPTION> settings).
+COMMAND_ENV = "ESIWRAP_COMMAND"  # the command when none follows `--` (systemd environment files)
+LOG_FILE_ENV = "ESIWRAP_LOG_FILE"  # also the --log-file option's variable
+STATUS_FILE_ENV = "ESIWRAP_STATUS_FILE"  # also the --status-file option's variable; `esiwrap status`
+
+# The zero-code hooks (verl, Ray).
+HOOK_SWITCH_ENV = "ESIWRAP_HOOK"  # "0" turns the zero-code hooks off
+RELAY_ENV = "ESIWRAP_RELAY"  # set by the driver's Ray runtime-env hook: "this Ray job is esiwrap's"
+CHAINED_RAY_ENV_HOOK = "ESIWRAP_CHAINED_RAY_RUNTIME_ENV_HOOK"  # a user's Ray env hook, called after ours
+CHAINED_SETUP_HOOK_ENV = "ESIWRAP_CHAINED_SETUP_HOOK"  # a user's worker_process_setup_hook, likewise

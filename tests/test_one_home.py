@@ -1,0 +1,139 @@
+"""One home per concept: names that must agree across the package are defined once, and the few
+copies that cannot import them (the start-up hook runs before esiwrap is importable) are held
+equal to the home here. The source is read with `ast`, as written."""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import get_args
+
+from esiwrap import choices, envvars, events
+from esiwrap.cli import ALL_RUN_OPTIONS
+from esiwrap.controller import Mode
+from esiwrap.snapshot import PHASES
+
+PACKAGE = Path(envvars.__file__).resolve().parent
+SITECUSTOMIZE = PACKAGE / "_bootstrap" / "sitecustomize.py"
+ENV_NAME = re.compile(r"ESIWRAP_[A-Z0-9_]*")
+
+
+def package_sources(*leave_out: Path) -> Iterator[tuple[Path, ast.Module]]:
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path not in leave_out:
+            yield path, ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+
+
+def literal_words(node: ast.AST) -> frozenset[str] | None:
+    """The words of a `Literal["a", "b"]` annotation; None for any other node."""
+    if not isinstance(node, ast.Subscript) or not isinstance(node.value, ast.Name):
+        return None
+    if node.value.id != "Literal":
+        return None
+    words = ast.literal_eval(node.slice)
+    return frozenset(words if isinstance(words, tuple) else (words,))
+
+
+def test_every_esiwrap_variable_name_is_spelled_in_envvars_only() -> None:
+    """No module but `envvars` writes an `ESIWRAP_…` name as a string of its own: each one is a
+    constant imported from there (help texts and messages may mention names in prose)."""
+    spelled = [f"{path.relative_to(PACKAGE)}:{node.lineno}: {node.value!r}"
+               for path, tree in package_sources(PACKAGE / "envvars.py", SITECUSTOMIZE)
+               for node in ast.walk(tree)
+               if isinstance(node, ast.Constant) and isinstance(node.value, str)
+               and ENV_NAME.fullmatch(node.value)]
+    assert spelled == []
+
+
+def test_the_start_up_hook_spells_the_same_names() -> None:
+    """sitecustomize.py cannot import esiwrap before it knows esiwrap is wanted: its literals are
+    exactly the socket, relay and hook-switch names of `envvars`."""
+    used = set(ENV_NAME.findall(SITECUSTOMIZE.read_text(encoding="utf-8")))
+    assert used == {envvars.SOCKET_ENV, envvars.RELAY_ENV, envvars.HOOK_SWITCH_ENV}
+
+
+def test_options_read_from_the_environment_use_the_same_prefix_and_names() -> None:
+    """`--log-file` and `--status-file` read the variables `envvars` names; every option's
+    variable is ESIWRAP_<OPTION>."""
+    by_flag = {opt.flag: opt.env for opt in ALL_RUN_OPTIONS}
+    assert by_flag["--log-file"] == envvars.LOG_FILE_ENV
+    assert by_flag["--status-file"] == envvars.STATUS_FILE_ENV
+    assert all(env.startswith(envvars.PREFIX) for env in by_flag.values())
+
+
+def test_the_verl_hook_watches_the_modules_the_patcher_knows() -> None:
+    """The post-import hook's list and the patcher's dispatch are one list: every watched module
+    is patched by one of verl's two loops, and nothing else."""
+    from esiwrap.integrations import VERL_LEGACY_MODULES, VERL_TRAINER_MODULES, VERL_V1_MODULE
+
+    assert set(VERL_TRAINER_MODULES) == {*VERL_LEGACY_MODULES, VERL_V1_MODULE}
+    assert len(VERL_TRAINER_MODULES) == len(set(VERL_TRAINER_MODULES)) == 4
+    spelled = [f"{path.relative_to(PACKAGE)}:{node.lineno}"
+                     for path, tree in package_sources()
+                     for node in ast.walk(tree)
+                     if isinstance(node, ast.Constant) and node.value == VERL_V1_MODULE]
+    assert len(spelled) == 1, spelled
+
+
+def test_each_cli_choice_is_one_literal_in_choices() -> None:
+    """The words an option offers are its `Literal` type in `esiwrap.choices`; no other `Literal`
+    in the package spells the same words again."""
+    by_flag = {opt.flag: opt.choices for opt in ALL_RUN_OPTIONS}
+    assert by_flag["--after-save"] == choices.AFTER_SAVE == get_args(choices.AfterSave)
+    assert by_flag["--on-sigterm"] == choices.ON_SIGTERM == get_args(choices.OnSigterm)
+    assert by_flag["--log-format"] == choices.LOG_FORMATS == get_args(choices.LogFormat)
+    assert by_flag["--log-level"] == choices.LOG_LEVELS == get_args(choices.LogLevel)
+    offered = {frozenset(words) for words in by_flag.values() if words}
+    again = [f"{path.relative_to(PACKAGE)}:{node.lineno}"
+             for path, tree in package_sources(PACKAGE / "choices.py")
+             for node in ast.walk(tree)
+             if literal_words(node) in offered]
+    assert again == []
+
+
+def test_the_phases_shown_are_the_controllers_modes() -> None:
+    """Metrics and `esiwrap status` list the phases the snapshot names: the controller's modes."""
+    assert tuple(mode.value for mode in Mode) == PHASES
+
+
+READERS = (PACKAGE / "report.py", PACKAGE / "timeline.py", PACKAGE / "whatif.py")  # they read logs back
+
+
+def event_constants_used(tree: ast.Module) -> set[str]:
+    """`ev.X` / `events.X` in one module (`from esiwrap import events [as ev]`)."""
+    aliases = {alias.asname or alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+               and node.module == "esiwrap" for alias in node.names if alias.name == "events"}
+    return {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name) and node.value.id in aliases}
+
+
+def test_report_and_timeline_read_only_events_that_exist() -> None:
+    """Every event `esiwrap report` (its timeline, its --what-if) reads is an `events` constant,
+    and so a name in `events.ALL`; none spells an event name as a string of its own."""
+    for path in READERS:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        read = event_constants_used(tree)
+        assert read, path
+        assert {getattr(events, name) for name in read} <= events.ALL, path
+        spelled = [node.lineno for node in ast.walk(tree)
+                   if isinstance(node, ast.Constant) and node.value in events.ALL]
+        assert spelled == [], (path, spelled)
+
+
+def test_every_event_is_emitted_somewhere() -> None:
+    """Each constant in `events` is logged by some module of the package (the readers do not
+    count): no event is documented that nothing writes."""
+    emitted = set().union(*(event_constants_used(tree)
+                            for _, tree in package_sources(*READERS, PACKAGE / "events.py")))
+    constants = {name for name, value in vars(events).items() if name.isupper() and value in events.ALL}
+    assert constants - emitted == set()
+
+
+def test_every_event_is_in_the_readmes_logs_table() -> None:
+    """README.md's Logs table has a row for each event, and no row for an event that is not one."""
+    readme = (PACKAGE.parent / "README.md").read_text(encoding="utf-8")
+    table = readme.split("\n## Logs\n", 1)[1].split("\n## ", 1)[0]
+    rows = set(re.findall(r"^\| `([a-z_]+)`", table, re.MULTILINE))
+    assert rows == set(events.ALL)
