@@ -648,7 +648,11 @@ class Controller:
             self._no_further_save(now)
             return
         self.plan = plan
-        if plan.kind == "insurance" and plan.signal_at <= now.wall and not self._warned_too_close:
+        # Too close: the insurance save should have been asked for a step ago or more (a plan that
+        # falls due just now, as a step report arrives on time, is not a warning).
+        late_s = now.wall - plan.nominal_at
+        too_late = late_s > max(1.0, plan.step_estimate_s)
+        if plan.kind == "insurance" and too_late and not self._warned_too_close:
             self._warned_too_close = True
             self._log("warning", ev.DEADLINE_TOO_CLOSE, remaining_s=self._remaining(now),
                       needed_s=_round(needed_s(plan)))

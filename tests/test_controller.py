@@ -293,3 +293,16 @@ def test_a_stop_budget_too_small_for_a_checkpoint_is_warned_with_the_fix() -> No
     fits = Driver(ControllerConfig(policy=PLAIN.policy, stop_budget_s=120.0, stop_grace_s=5.0))
     fits.hello()
     assert logs(fits.actions, "stop_budget_too_small") == []
+
+
+def test_an_insurance_save_that_falls_due_on_time_is_not_too_close() -> None:
+    """The insurance moment arrives with a step report, as planned: no deadline_too_close."""
+    d = Driver(PLAIN)
+    d.hello()
+    d.steps(1, 3, 10.0)
+    d.deadline(400.0)  # needs 10 + 60 + 120 s: due 210 s from now, at a step boundary
+    d.steps(4, 20, 10.0)
+    d.wall += 10.001  # the boundary's report is read a millisecond after the save fell due,
+    d.mono += 10.001  # before the loop's timer fired (I/O is handled first)
+    d.feed(core.Step(CHILD, 24, 10.001))
+    assert logs(d.actions, "save_requested") and logs(d.actions, "deadline_too_close") == []
