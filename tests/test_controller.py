@@ -306,3 +306,23 @@ def test_an_insurance_save_that_falls_due_on_time_is_not_too_close() -> None:
     d.mono += 10.001  # before the loop's timer fired (I/O is handled first)
     d.feed(core.Step(CHILD, 24, 10.001))
     assert logs(d.actions, "save_requested") and logs(d.actions, "deadline_too_close") == []
+
+
+@pytest.mark.parametrize("module", ["controller", "policy", "replay"])
+def test_the_decision_core_does_no_io(module: str) -> None:
+    """The controller, the policy and the replay import nothing that does I/O or reads a clock:
+    the supervisor, the simulator and these tests drive the very same code."""
+    import ast
+    from pathlib import Path
+
+    import esiwrap
+
+    source = (Path(esiwrap.__file__).parent / f"{module}.py").read_text()
+    imported: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            imported |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            imported.add(node.module.split(".")[0])
+    assert imported.isdisjoint({"os", "signal", "socket", "selectors", "psutil", "time", "subprocess"})
+    assert "time.time(" not in source and "monotonic(" not in source
