@@ -472,9 +472,10 @@ class Controller:
     def _acknowledged(self, request: SaveRequest, now: Now) -> None:
         messages = list(request.done.values())
         duration = max(m.duration_s for m in messages)
-        if not request.snapshots:  # synchronous: training stood still for all of it
-            self.obs.record_blocking(duration, now.wall)
-        self.obs.record_save(duration, now.wall, request.save_started_at)
+        if request.snapshots:  # asynchronous: the blocking part was counted at the snapshot
+            self.obs.record_save(duration, now.wall, request.save_started_at)
+        else:
+            self.obs.record_requested_save(duration, now.wall, request.save_started_at)
         self.any_save_completed = True
         self.request = None
         step = max(m.step for m in messages)

@@ -151,10 +151,11 @@ class Observations:
         self._exclude_next_s += blocking_s
         self.step_started_at = at
 
-    def record_requested_save(self, duration_s: float, at: float) -> None:
-        """A synchronous save esiwrap asked for ended at `at` (blocking for all of it)."""
+    def record_requested_save(self, duration_s: float, at: float, began_at: float | None = None) -> None:
+        """A save esiwrap asked for was acknowledged at `at`; a synchronous one (no snapshot was
+        reported) stopped training for all of it."""
         self.record_blocking(duration_s, at)
-        self.record_save(duration_s, at)
+        self.record_save(duration_s, at, began_at)
 
 
 def step_estimate_s(obs: Observations, config: PolicyConfig) -> float | None:

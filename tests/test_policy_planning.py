@@ -195,6 +195,3 @@ def test_the_insurance_never_counts_on_less_than_any_save_seen(saves: list[tuple
     longest = max(seconds for _, seconds in saves)
     assert save_estimate_s(obs, PolicyConfig(), "insurance", at=at) >= longest * SAVE_SAFETY_FACTOR - 1e-9
 
-
-def test_rate_units_are_per_day() -> None:
-    assert SECONDS_PER_DAY == 86_400.0
