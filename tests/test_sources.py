@@ -102,3 +102,44 @@ def test_deadline_command_without_any_deadline_exits_3() -> None:
     lines = done.stdout.strip().splitlines()
     assert lines[0].startswith("env:MLP") and "not set" in lines[0]
     assert "pass --deadline" in lines[-1]
+
+
+class _KnowsCapacity:
+    """A source that knows the capacity's kind but has no deadline (a spot VM without a notice)."""
+
+    name = "probe"
+    period_s = None
+
+    def __init__(self, capacity: object, deadline: Deadline | None = None) -> None:
+        self.capacity = capacity
+        self.deadline = deadline
+
+    def resolve(self, now: float) -> Deadline:
+        from esiwrap.errors import SourceUnavailable
+
+        if self.deadline is None:
+            raise SourceUnavailable("no notice", expected=True)
+        return self.deadline
+
+
+def test_answers_carry_the_capacity_kind_a_source_knows() -> None:
+    """The kind of capacity travels in the answer, with a deadline or without one; the deadline's
+    own kind wins over the source's; a value that is not a kind is dropped."""
+    assert ask(_KnowsCapacity("spot"), NOW).capacity == "spot"
+    assert ask(_KnowsCapacity("cheap"), NOW).capacity is None
+    spot_end = Deadline(at=NOW + 60, source="probe", capacity="spot")
+    assert ask(_KnowsCapacity("on-demand", spot_end), NOW).capacity == "spot"
+    answer = by_name({MLP_VAR: "1790003600"})["env:MLP"]
+    assert answer.capacity == "reserved"
+    assert ask(CliSource("+2h", NOW), NOW).capacity == "reserved"
+
+
+def test_a_nodes_capacity_kind_survives_the_wire() -> None:
+    """Another node's answer keeps its capacity kind across the relay; garbage there is dropped."""
+    from esiwrap.deadline import remote
+
+    sent = Answer("node:abcd1234/aws-spot", reason="no notice", expected=True, capacity="spot")
+    assert remote.from_fields(remote.to_fields(sent)) == sent
+    fields = remote.to_fields(sent) | {"capacity": ["spot"]}
+    back = remote.from_fields(fields)
+    assert back is not None and back.capacity is None

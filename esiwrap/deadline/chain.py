@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import cast, get_args
 
 from esiwrap.deadline.bounds import implausible
-from esiwrap.deadline.value import Deadline, Source
+from esiwrap.deadline.value import CapacityKind, Deadline, Source
 from esiwrap.errors import SourceUnavailable
 
 OVERRIDING_SOURCES = frozenset({"cli"})
@@ -25,6 +26,7 @@ class Answer:
     reason: str = ""
     expected: bool = False  # the source does not apply here; not worth a warning
     withdrawn: bool = False  # forget what this source said (a node that left the cluster)
+    capacity: CapacityKind | None = None  # what the source knows of the capacity's kind
 
 
 def ask(source: Source, now: float) -> Answer:
@@ -36,15 +38,28 @@ def ask(source: Source, now: float) -> Answer:
     try:
         deadline = source.resolve(now)
     except SourceUnavailable as exc:
-        return Answer(source.name, reason=_text(exc), expected=exc.expected)
+        return Answer(source.name, reason=_text(exc), expected=exc.expected, capacity=_capacity(source))
     except Exception as exc:  # a source bug must not take training down
         return Answer(source.name, reason=f"unexpected {type(exc).__name__}: {_text(exc)}")
     if not isinstance(deadline, Deadline):
         return Answer(source.name, reason=f"unexpected answer {type(deadline).__name__}, not a Deadline")
     problem = implausible(deadline.at, now)
     if problem is not None:
-        return Answer(source.name, reason=f"{deadline.raw!r} is not a plausible deadline: {problem}")
-    return Answer(source.name, deadline=deadline)
+        return Answer(source.name, reason=f"{deadline.raw!r} is not a plausible deadline: {problem}",
+                      capacity=_capacity(source))
+    return Answer(source.name, deadline=deadline, capacity=deadline.capacity or _capacity(source))
+
+
+CAPACITY_KINDS: frozenset[str] = frozenset(get_args(CapacityKind))
+
+
+def _capacity(source: Source) -> CapacityKind | None:
+    """The source's `capacity` attribute if it has a valid one (a bug there must not matter)."""
+    try:
+        value = getattr(source, "capacity", None)
+    except Exception:
+        return None
+    return cast("CapacityKind", value) if value in CAPACITY_KINDS else None
 
 
 def _text(exc: BaseException) -> str:

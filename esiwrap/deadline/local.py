@@ -31,7 +31,7 @@ class CliSource:
             at = parse_when(self.text, self.anchor)
         except TimeParseError as exc:
             raise SourceUnavailable(str(exc)) from None
-        return Deadline(at=at, source=self.name, raw=self.text)
+        return Deadline(at=at, source=self.name, raw=self.text, capacity="reserved")
 
 
 @dataclass
@@ -61,7 +61,8 @@ class EnvSource:
         if problem is not None:
             msg = f"{self.var}={raw!r} is unusable: read as epoch seconds or milliseconds, {problem}"
             raise SourceUnavailable(msg)
-        return Deadline(at=end - self.lead_s, source=self.name, raw=raw.strip(), lead_s=self.lead_s)
+        return Deadline(at=end - self.lead_s, source=self.name, raw=raw.strip(), lead_s=self.lead_s,
+                        capacity="reserved")  # a capacity block's (or time slot's) known end
 
 
 def env_sources(environ: Mapping[str, str], sagemaker_lead_s: float) -> list[EnvSource]:

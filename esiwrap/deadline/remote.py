@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
-from esiwrap.deadline.chain import Answer
-from esiwrap.deadline.value import Deadline
+from esiwrap.deadline.chain import CAPACITY_KINDS, Answer
+from esiwrap.deadline.value import CapacityKind, Deadline
 
 NODE_PREFIX = "node:"
 SHORT_ID_CHARS = 8  # of Ray's 56 hex digits: enough to tell a cluster's nodes apart in a log
@@ -28,7 +28,8 @@ def node_source(node_id: str, source: str = "") -> str:
 
 def to_fields(answer: Answer) -> dict[str, Any]:
     fields: dict[str, Any] = {"source": answer.source, "reason": answer.reason,
-                              "expected": answer.expected, "withdrawn": answer.withdrawn}
+                              "expected": answer.expected, "withdrawn": answer.withdrawn,
+                              "capacity": answer.capacity}
     d = answer.deadline
     if d is not None:
         fields.update(at=d.at, raw=d.raw, lead_s=d.lead_s, detail=dict(d.detail))
@@ -43,9 +44,11 @@ def from_fields(fields: Mapping[str, Any]) -> Answer | None:
     reason = _text(fields.get("reason"))
     if fields.get("withdrawn") is True:
         return Answer(source, reason=reason, withdrawn=True)
+    capacity = _capacity(fields.get("capacity"))
     at = fields.get("at")
     if at is None:
-        return Answer(source, reason=reason or "no answer", expected=fields.get("expected") is True)
+        return Answer(source, reason=reason or "no answer", expected=fields.get("expected") is True,
+                      capacity=capacity)
     if isinstance(at, bool) or not isinstance(at, (int, float)) or not math.isfinite(at):
         return None
     if not EPOCH_RANGE[0] < at < EPOCH_RANGE[1]:
@@ -57,7 +60,11 @@ def from_fields(fields: Mapping[str, Any]) -> Answer | None:
         lead_s=float(lead) if isinstance(lead, (int, float)) and math.isfinite(lead) else 0.0,
         detail={str(k): str(v)[:500] for k, v in detail.items()} if isinstance(detail, dict) else {},
     )
-    return Answer(source, deadline=deadline)
+    return Answer(source, deadline=deadline, capacity=capacity)
+
+
+def _capacity(value: Any) -> CapacityKind | None:
+    return cast("CapacityKind", value) if isinstance(value, str) and value in CAPACITY_KINDS else None
 
 
 def _text(value: Any) -> str:

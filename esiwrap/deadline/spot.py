@@ -91,8 +91,9 @@ class SpotNoticeSource:
             stated, detail["time_error"] = None, str(exc)
         if stated is None:
             detail["assumed"] = f"first seen + {self.notice_s:g}s (the notice's time is unreadable)"
-            return Deadline(at=latest, source=self.name, raw=text or body.strip()[:200], detail=detail)
-        return Deadline(at=min(stated, latest), source=self.name, raw=text, detail=detail)
+            return Deadline(at=latest, source=self.name, raw=text or body.strip()[:200], detail=detail,
+                            capacity="spot")
+        return Deadline(at=min(stated, latest), source=self.name, raw=text, detail=detail, capacity="spot")
 
 
 def volcengine_spot(metadata: MetadataClient, max_backoff_s: float) -> SpotNoticeSource:

@@ -6,6 +6,13 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Literal, Protocol, runtime_checkable
 
+# What kind of capacity the run is on, as far as a source can tell; it sets how often an
+# interruption with no warning is expected (`policy.interruption_rate_per_day`):
+#   spot       preemptible: taken back whenever the cloud needs it (a notice of seconds to minutes)
+#   reserved   a reservation with a known end: a time slot, a capacity block, a batch job's limit
+#   on-demand  an ordinary instance: no end, no preemption
+CapacityKind = Literal["spot", "reserved", "on-demand"]
+
 
 @dataclass(frozen=True)
 class Deadline:
@@ -20,6 +27,7 @@ class Deadline:
     raw: str = ""
     lead_s: float = 0.0
     detail: dict[str, str] = field(default_factory=dict, compare=False)
+    capacity: CapacityKind | None = None  # the kind of capacity this end belongs to, if known
 
     def iso(self) -> str:
         return iso_utc(self.at)
@@ -67,6 +75,10 @@ class Source(Protocol):
     can act on. It may block on I/O (the supervisor calls it off its loop), and it must bound
     its own time. `period_s` is how often it is worth asking again (None: its answer cannot
     change during this run, e.g. a command-line flag or our own environment).
+
+    A source may also have a `capacity` attribute (a `CapacityKind` or None): what it learned
+    about the kind of capacity, also when it has no deadline to give (a spot instance with no
+    notice yet). `chain.ask` reads it after every `resolve`.
     """
 
     name: str

@@ -84,7 +84,7 @@ class VolcengineSource:
         expired_at = _text_field(instance, "expired_at")
         if expired_at:
             detail["expired_at"] = expired_at
-        return Deadline(at=at, source=self.name, raw=raw, detail=detail)
+        return Deadline(at=at, source=self.name, raw=raw, detail=detail, capacity="reserved")
 
     # ------------------------------------------------------------------ metadata
     def _metadata_item(self, path: str, item: str) -> str:
