@@ -9,8 +9,9 @@ It tells esiwrap what a checkpoint holds before the first save (the module's and
 tensors, where checkpoints go, the checkpoint it resumes from), so the first save is planned from
 the checkpoint's size and the storage's speed. At every `on_train_batch_end` it reports the
 boundary (`trainer.global_step`); when a save was requested (on any rank: the flag is
-all-reduced) every rank calls `trainer.save_checkpoint` (as distributed strategies require), rank 0 renames the finished file over `esiwrap-last.ckpt`, and
-the save is acknowledged after that: only rank 0 takes part in the acknowledgement. Works with
+all-reduced) every rank calls `trainer.save_checkpoint` (as distributed strategies require),
+rank 0 renames the finished file over `esiwrap-last.ckpt`, and the save is acknowledged after
+that: only rank 0 takes part in the acknowledgement. Works with
 `lightning.pytorch` or the older `pytorch_lightning` package, whichever is installed.
 
 Stopping needs nothing from us: Lightning already ends `fit` gracefully on SIGTERM (every rank
