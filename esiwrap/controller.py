@@ -743,10 +743,12 @@ class Controller:
         self.deadline = new
         if old is None:
             self._log("info", ev.DEADLINE_RESOLVED, source=new.source, deadline=new.iso(),
-                      remaining_s=_round(new.at - now.wall), raw=new.raw, lead_s=new.lead_s, **new.detail)
+                      remaining_s=_round(new.at - now.wall), raw=new.raw, lead_s=new.lead_s,
+                      capacity=self.obs.capacity.kind, **new.detail)
         else:
             self._log("warning", ev.DEADLINE_CHANGED, old=old.iso(), new=new.iso(), source=new.source,
-                      remaining_s=_round(new.at - now.wall), raw=new.raw, **new.detail)
+                      remaining_s=_round(new.at - now.wall), raw=new.raw, capacity=self.obs.capacity.kind,
+                      **new.detail)
         later = old is None or new.at > old.at
         if self.mode is Mode.CONTINUING and later:
             self.mode, self.saves_done = Mode.RUNNING, 0  # a renewal: plan against it afresh

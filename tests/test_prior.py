@@ -254,3 +254,26 @@ def test_the_job_spans_every_watched_ray_node_or_what_torchrun_said() -> None:
     assert d.controller.obs.capacity.nodes == 3
     d.hello(nodes=16)
     assert d.controller.obs.capacity.nodes == 16
+
+
+# ------------------------------------------------------------------ the trainer's size
+def test_checkpoint_bytes_counts_tensors_once_and_foresees_adams_state() -> None:
+    """A model's parameters and buffers; Adam's two tensors per parameter before its first step
+    (it has none yet) and its real state after; a tensor shared by two objects counts once."""
+    torch = pytest.importorskip("torch")
+    import esiwrap.trainer as esi
+
+    model = torch.nn.Sequential(torch.nn.Linear(100, 10), torch.nn.BatchNorm1d(10))
+    params = sum(p.numel() * 4 for p in model.parameters())
+    buffers = sum(b.numel() * b.element_size() for b in model.buffers())
+    assert esi.checkpoint_bytes(model) == params + buffers
+    adam = torch.optim.Adam(model.parameters())
+    assert esi.checkpoint_bytes(model, adam) == params + buffers + 2 * params
+    model(torch.randn(4, 100)).sum().backward()
+    adam.step()
+    steps = sum(s["step"].numel() * s["step"].element_size() for s in adam.state.values())
+    assert esi.checkpoint_bytes(model, adam) == params + buffers + 2 * params + steps
+    plain_sgd = torch.optim.SGD(model.parameters(), lr=0.1)
+    assert esi.checkpoint_bytes(plain_sgd) == 0
+    weight = model[0].weight
+    assert esi.checkpoint_bytes(weight, {"again": weight}, [weight]) == weight.numel() * 4

@@ -57,13 +57,19 @@ def role_bytes(params: int, config: Any, section: str) -> tuple[int, list[str]]:
 
 
 def model_parameters(path: Any) -> tuple[int | None, str]:
-    """The model directory's parameter count, and how it was read."""
+    """The model directory's parameter count, and how it was read: the safetensors files' headers
+    (exact), else an index's total_size or the weight files' sizes over the stored dtype's bytes."""
     if not isinstance(path, str) or not path:
         return None, "no model path in the config"
     directory = os.path.expanduser(path)
     if not os.path.isdir(directory):
         return None, f"{path} is not a local directory"
-    stored = DTYPE_BYTES.get(str(_read_json(os.path.join(directory, "config.json")).get("torch_dtype")), 4)
+    tensors = [e.path for e in _entries(directory) if e.name.endswith(".safetensors") and e.is_file()]
+    counted = [_safetensors_parameters(t) for t in tensors]
+    if counted and all(c is not None for c in counted):
+        return sum(c for c in counted if c is not None), f"{len(tensors)} safetensors header(s)"
+    model_config = _read_json(os.path.join(directory, "config.json"))
+    stored = DTYPE_BYTES.get(str(model_config.get("torch_dtype") or model_config.get("dtype")), 4)
     for index in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
         size = _read_json(os.path.join(directory, index)).get("metadata", {}).get("total_size")
         if isinstance(size, (int, float)) and size > 0:
@@ -73,6 +79,33 @@ def model_parameters(path: Any) -> tuple[int | None, str]:
     if size <= 0:
         return None, f"no weight files in {path}"
     return size // stored, f"{len(weights)} weight file(s)"
+
+
+MAX_HEADER_BYTES = 100 << 20
+
+
+def _safetensors_parameters(path: str) -> int | None:
+    """The element count of every tensor a safetensors file holds, from its header alone (an
+    8-byte little-endian length, then JSON: name -> dtype, shape, offsets)."""
+    try:
+        with open(path, "rb") as handle:
+            length = int.from_bytes(handle.read(8), "little")
+            if not 0 < length <= MAX_HEADER_BYTES:
+                return None
+            header = json.loads(handle.read(length))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(header, dict):
+        return None
+    total = 0
+    for name, entry in header.items():
+        if name == "__metadata__" or not isinstance(entry, dict):
+            continue
+        count = 1
+        for dim in entry.get("shape", []):
+            count *= int(dim)
+        total += count
+    return total
 
 
 def _needs_critic(config: Any) -> bool:
