@@ -197,8 +197,8 @@ def test_v1_loop_on_a_local_cluster_saves_without_save_freq(esiwrap: Any, short_
     loop's hello says what a checkpoint of the config's model will hold (fp32 model and AdamW
     state: 12 bytes per parameter) and where checkpoints go."""
     model = tiny_model_dir(short_tmp / "model")
-    run = verl_run(esiwrap, short_tmp, "v1", ray_env(short_tmp), "--save-freq", "-1", "--model-dir", str(model),
-                   redundant_s="60")
+    run = verl_run(esiwrap, short_tmp, "v1", ray_env(short_tmp), "--save-freq", "-1",
+                   "--model-dir", str(model), redundant_s="60")
     run.wait_for(lambda e: e["event"] == "step_observed" and e["step"] >= 3, RAY_TIMEOUT_S, "step 3")
     run.proc.send_signal(signal.SIGTERM)
     assert_saved_at_next_boundary(run, short_tmp, "v1", reason="sigterm")

@@ -46,7 +46,8 @@ def main(workdir: str) -> int:
     tokens = torch.randint(0, config.vocab_size, (2, 8))
     model(tokens, labels=tokens).loss.backward()
     optimizer.step()
-    contents = {"save_contents": ["model", "optimizer", "extra"], "load_contents": ["model", "optimizer", "extra"]}
+    saved = ["model", "optimizer", "extra"]
+    contents = {"save_contents": saved, "load_contents": saved}
     manager = FSDPCheckpointManager(model, optimizer, None, processing_class=None,
                                     checkpoint_config=OmegaConf.create(contents))
     root = os.path.join(workdir, "ckpt", "global_step_1")
@@ -54,7 +55,8 @@ def main(workdir: str) -> int:
     files = {os.path.relpath(os.path.join(r, f), root): os.path.getsize(os.path.join(r, f))
              for r, _dirs, names in os.walk(root) for f in names}
     params = sum(p.numel() for p in model.parameters())
-    print(json.dumps({"files": files, "total": sum(files.values()), "params": params, "model_dir": model_dir}))
+    total = sum(files.values())
+    print(json.dumps({"files": files, "total": total, "params": params, "model_dir": model_dir}))
     dist.destroy_process_group()
     return 0
 
