@@ -25,15 +25,13 @@ from esiwrap import controller as core
 from esiwrap import events as ev
 from esiwrap import process, state, systemd
 from esiwrap.channel import ChannelServer, Message
-from esiwrap.choices import AfterSave, OnSigterm
 from esiwrap.controller import Controller, ControllerConfig, Now
 from esiwrap.deadline import Source, ask, remote
 from esiwrap.envvars import RUN_ID_ENV, SIGNAL_ENV, SOCKET_ENV
 from esiwrap.errors import EXIT_FAILURE, CommandError, Halt
-from esiwrap.integrations import bootstrap_dir
 from esiwrap.log import get_logger
 from esiwrap.observe import Observer, ObserveSettings
-from esiwrap.policy import PolicyConfig
+from esiwrap.paths import bootstrap_dir
 from esiwrap.signals import HANDLED, signal_label, signal_number
 from esiwrap.tree import ProcessTree
 from esiwrap.watcher import DeadlineWatcher
@@ -48,25 +46,10 @@ RESERVED_HELLO_KEYS = frozenset({"type", "pid", "event", "level", "timestamp", "
 @dataclass(frozen=True)
 class SupervisorConfig:
     argv: Sequence[str]
-    policy: PolicyConfig = field(default_factory=PolicyConfig)
-    save_signal: int = signal.SIGUSR1
-    stop_signal: int = signal.SIGTERM
-    stop_grace_s: float = 30.0
-    after_save: AfterSave = "stop"
-    on_sigterm: OnSigterm = "checkpoint"
-    signal_child: bool = False
+    controller: ControllerConfig = field(default_factory=ControllerConfig)  # `options.controller_config`
     run_id: str = ""
     state_file: str | None = None
-    stop_budget_s: float | None = None
     settings: Mapping[str, Any] = field(default_factory=dict)  # the run options, logged at start
-
-    def controller_config(self) -> ControllerConfig:
-        return ControllerConfig(
-            policy=self.policy, save_signal=signal_label(self.save_signal),
-            stop_signal=signal_label(self.stop_signal), stop_grace_s=self.stop_grace_s,
-            after_save=self.after_save, on_sigterm=self.on_sigterm, signal_child=self.signal_child,
-            stop_budget_s=self.stop_budget_s,
-        )
 
 
 class Supervisor:
@@ -82,7 +65,7 @@ class Supervisor:
         self.log = get_logger()
         self._job_state, state_note = _load_state(config.state_file, clock())
         prior = self._job_state.prior() if self._job_state is not None else None
-        self.controller = Controller(config.controller_config(), prior=prior)
+        self.controller = Controller(config.controller, prior=prior)
         self._state_note = state_note  # logged once the child runs
         self._saves_kept = 0
         self._state_failed = False
@@ -269,8 +252,9 @@ class Supervisor:
 
     def _forward_stop_signal(self) -> None:
         child = self.controller.child_pid
-        if child is not None and self.controller.child_status is None:
-            process.send(child, self.config.stop_signal)
+        signum = signal_number(self.config.controller.stop_signal)
+        if child is not None and self.controller.child_status is None and signum is not None:
+            process.send(child, signum)
 
     def _check_tree(self) -> None:
         """While stopping: reap, watch what is left, and tell the controller how much that is."""
@@ -443,7 +427,7 @@ def child_environment(base: Mapping[str, str], socket_path: str, config: Supervi
     esiwrap's alone), plus where to find us and which signal means "save"."""
     env = {key: value for key, value in base.items() if key not in systemd.CHILD_UNSET}
     env[SOCKET_ENV] = socket_path
-    env[SIGNAL_ENV] = signal_label(config.save_signal)
+    env[SIGNAL_ENV] = config.controller.save_signal
     # Zero-code hooks (verl): our sitecustomize first, inert without the variables above.
     env["PYTHONPATH"] = os.pathsep.join(p for p in (bootstrap_dir(), base.get("PYTHONPATH", "")) if p)
     if config.run_id:

@@ -17,8 +17,9 @@ from fakes.fixtures import SCHEDULED_ID
 from fakes.metadata import FakeMetadata
 from fakes.volcengine_api import FakeVolcengineApi
 
-from esiwrap.deadline import MLP_VAR, SAGEMAKER_VAR, Deadline, TimeParseError, ask, env_sources, iso_utc
+from esiwrap.deadline import Deadline, TimeParseError, ask, iso_utc
 from esiwrap.deadline.bounds import EARLIEST, HORIZON_S, implausible
+from esiwrap.deadline.local import MLP_VAR, SAGEMAKER_VAR, env_sources
 from esiwrap.deadline.metadata import AWS, VOLCENGINE, MetadataClient
 from esiwrap.deadline.parse import parse_when
 from esiwrap.deadline.spot import (

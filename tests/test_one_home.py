@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import get_args
 
 from esiwrap import choices, envvars, events
-from esiwrap.cli import ALL_RUN_OPTIONS
 from esiwrap.controller import Mode
+from esiwrap.options import ALL_RUN_OPTIONS
 from esiwrap.snapshot import PHASES
 
 PACKAGE = Path(envvars.__file__).resolve().parent

@@ -26,7 +26,7 @@ import sys
 import threading
 
 from esiwrap.envvars import CHAINED_RAY_ENV_HOOK, CHAINED_SETUP_HOOK_ENV, RELAY_ENV, SIGNAL_ENV
-from esiwrap.integrations import package_dir
+from esiwrap.paths import package_dir
 from esiwrap.signals import save_signal
 
 TYPE_CHECKING = False  # workers import this at start-up: the typing module only for mypy
