@@ -188,6 +188,20 @@ class TermLeftovers:
     """The child is gone: SIGTERM to what is left of its tree."""
 
 
+class CheckTree:
+    """While stopping, after every wake-up: reap, and report what is left of the child's tree
+    (`TreeChecked`)."""
+
+
+class KeepState(NamedTuple):
+    """Write the job's state file (`--state-file`), if there is one: what this run measured, after
+    every completed save and once as the shell leaves (`Controller.finish`)."""
+
+    steps: tuple[float, ...]  # the step window
+    saves: tuple[float, ...]  # this run's save durations
+    blocking: tuple[float, ...]  # how long each save esiwrap asked for stopped training
+
+
 class Log(NamedTuple):
     level: LogLevel
     event: str
@@ -209,7 +223,10 @@ class Exit(NamedTuple):
 
 TRAINER_REPORTS = (Step, SaveBegin, SaveSnapshot, SaveEnd)
 
-Action = SendSignal | StopChild | KillTree | TermLeftovers | Log | NotifyStopping | ExtendStopTimeout | Exit
+Action = (
+    SendSignal | StopChild | KillTree | TermLeftovers | CheckTree | Log | NotifyStopping | ExtendStopTimeout
+    | KeepState | Exit
+)
 
 
 # ---------------------------------------------------------------------------------- state
@@ -287,8 +304,18 @@ class Controller:
         return self._take()
 
     def tick(self, now: Now) -> list[Action]:
-        """The loop woke up (a timer, or anything else): fire the timers that are due."""
+        """The loop woke up (a timer, or anything else): fire the timers that are due; while
+        stopping, ask for the child's tree to be checked."""
         self._fire_timers(now)
+        if self.mode in (Mode.STOPPING, Mode.KILLING) and not self._exited:
+            self._out.append(CheckTree())
+        return self._take()
+
+    def finish(self, now: Now) -> list[Action]:
+        """The shell is leaving (after `Exit`, or on a failure of its own): what must still be
+        carried out. The job's state, when anything was measured."""
+        if self.obs.saves or self.obs.last_step is not None:
+            self._keep_state()
         return self._take()
 
     def wake_at(self, now: Now) -> float | None:
@@ -511,6 +538,11 @@ class Controller:
             path=paths[0] if len(paths) == 1 else (paths or None),
             remaining_s=self._remaining(now),
         )
+        self._keep_state()  # a new save measured: the next run plans with it even if this one dies
+
+    def _keep_state(self) -> None:
+        obs = self.obs
+        self._out.append(KeepState(tuple(obs.intervals), tuple(d for _, d in obs.saves), tuple(obs.blocking)))
 
     def _check_stop_budget(self) -> None:
         """A stop the platform cuts short (SIGKILL after `--stop-budget`) loses the checkpoint
@@ -854,7 +886,7 @@ class Controller:
     def snapshot(self, now: Now, run_id: str, pid: int) -> Snapshot:
         """What esiwrap knows now, as one value: the metrics, the status file, `esiwrap status`."""
         plan = self.plan if self.mode is Mode.RUNNING else None
-        deadline = self.deadline
+        deadline, request = self.deadline, self.request
         checkpoint = self.obs.checkpoint_at  # the boundary the last checkpoint holds (or the start)
         return Snapshot(
             time=now.wall, run_id=run_id, pid=pid, child_pid=self.child_pid, phase=self.mode.value,
@@ -868,6 +900,10 @@ class Controller:
             work_at_risk_s=max(0.0, now.wall - checkpoint) if checkpoint is not None else None,
             saves_completed=self.saves_completed, saves_failed=self.saves_failed,
             saves_missed=self.saves_missed, trainers=len(self.trainers),
+            deadline_pending=self.deadline_pending,
+            requested_save_kind=request.kind if request else None,
+            saving_step=max(request.begun.values()) if request and request.begun else None,
+            stop_reason=self.stop.reason if self.stop else None,
         )
 
 

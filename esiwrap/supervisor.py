@@ -33,6 +33,7 @@ from esiwrap.log import get_logger
 from esiwrap.observe import Observer, ObserveSettings
 from esiwrap.paths import bootstrap_dir
 from esiwrap.signals import HANDLED, signal_label, signal_number
+from esiwrap.snapshot import Snapshot
 from esiwrap.tree import ProcessTree
 from esiwrap.watcher import DeadlineWatcher
 
@@ -67,8 +68,10 @@ class Supervisor:
         prior = self._job_state.prior() if self._job_state is not None else None
         self.controller = Controller(config.controller, prior=prior)
         self._state_note = state_note  # logged once the child runs
-        self._saves_kept = 0
         self._state_failed = False
+        self._child_pid: int | None = None  # what we spawned...
+        self._child_reaped = False  # ...and whether its exit was collected
+        self._stopping = False  # the controller asked for the tree to be checked: it stops for good
         self._environ = dict(os.environ if environ is None else environ)
         self._clock = clock
         # Sources whose answer cannot change are local and instant: asked before the child starts.
@@ -117,14 +120,14 @@ class Supervisor:
         assert self._channel is not None
         env = child_environment(self._environ, self._channel.path, self.config)
         process.become_subreaper()
-        pid = process.spawn(self.config.argv, env, death_signal=signal.SIGTERM)
+        pid = self._child_pid = process.spawn(self.config.argv, env, death_signal=signal.SIGTERM)
         self._feed(core.ChildStarted(pid, tuple(self.config.argv), self.config.settings))
         if self._state_note is not None:
             level, event, fields = self._state_note
             getattr(self.log, level)(event, **fields)
         if self._static:  # known before READY, so the first status line already has the deadline
             self._feed(core.DeadlineAnswers(tuple(ask(s, self._clock()) for s in self._static)))
-        self._systemd.ready(*self._status_parts(), time.monotonic())
+        self._systemd.ready(*systemd.status_parts(self._snapshot()), time.monotonic())
         self._selector.register(self._signal_r, selectors.EVENT_READ, self._on_signal_bytes)
         self._selector.register(self._wake_r, selectors.EVENT_READ, self._on_watcher_wake)
         self._selector.register(self._channel, selectors.EVENT_READ, self._on_channel)
@@ -139,7 +142,7 @@ class Supervisor:
     def _close(self) -> None:
         self._observer.close()
         self._watcher.stop()
-        self._keep_state(final=True)
+        self._apply(self.controller.finish(self._now()))  # the job's state, kept once more
         for signum, handler in self._old_handlers.items():
             with contextlib.suppress(ValueError, TypeError):
                 signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
@@ -159,16 +162,18 @@ class Supervisor:
             for key, _ in self._selector.select(self._next_timeout()):
                 key.data(key)
             self._apply(self.controller.tick(self._now()))
-            if self._stopping():
-                self._check_tree()
-            self._tell_systemd()
-            self._publish()
+            snapshot = self._snapshot()
+            self._tell_systemd(snapshot)
+            self._publish(snapshot)
 
-    def _publish(self) -> None:
+    def _snapshot(self) -> Snapshot:
+        return self.controller.snapshot(self._now(), self.config.run_id, os.getpid())
+
+    def _publish(self, snapshot: Snapshot) -> None:
         """The metrics file and endpoint, the status file: the controller's state as of now."""
-        now = self._now()
-        self._observer.tick(now.mono)
-        self._observer.update(self.controller.snapshot(now, self.config.run_id, os.getpid()), now.mono)
+        mono = time.monotonic()
+        self._observer.tick(mono)
+        self._observer.update(snapshot, mono)
 
     def _now(self) -> Now:
         return Now(self._clock(), time.monotonic())
@@ -178,7 +183,7 @@ class Supervisor:
         due = self.controller.wake_at(self._now())
         if due is not None:
             waits.append(due)
-        if self._stopping() and not HAS_PIDFD:
+        if self._stopping and not HAS_PIDFD:
             waits.append(POLL_WITHOUT_PIDFD_S)
         mono = time.monotonic()
         observer_due = self._observer.next_wake(mono)
@@ -188,29 +193,20 @@ class Supervisor:
 
     def _feed(self, event: core.Event) -> None:
         self._apply(self.controller.handle(event, self._now()))
-        self._keep_state()
 
     # ------------------------------------------------------------------ the job's state file
-    def _keep_state(self, final: bool = False) -> None:
-        """Write what this run measured to --state-file after every save, and once at the end."""
-        obs = self.controller.obs
+    def _keep_state(self, kept: core.KeepState) -> None:
+        """Write what this run measured to --state-file (the controller says when)."""
         path = self.config.state_file
-        if path is None or self._state_failed or not (len(obs.saves) > self._saves_kept or final):
+        if path is None or self._state_failed:
             return
-        if final and not obs.saves and obs.last_step is None:
-            return  # nothing measured: leave the file as it is
-        self._saves_kept = len(obs.saves)
         base = self._job_state or state.JobState()
-        after = base.after_run(obs.intervals, [d for _, d in obs.saves], obs.blocking, self._clock(),
-                               self.config.argv)
+        after = base.after_run(kept.steps, kept.saves, kept.blocking, self._clock(), self.config.argv)
         try:
             state.write_atomic(path, state.render(after))
         except OSError as exc:
             self._state_failed = True  # once: a full disk must not flood the log or stop training
             self.log.warning(ev.STATE_NOT_SAVED, path=path, error=f"{exc.strerror or exc}")
-
-    def _stopping(self) -> bool:
-        return self.controller.mode in (core.Mode.STOPPING, core.Mode.KILLING)
 
     # ------------------------------------------------------------------ carrying out actions
     def _apply(self, actions: Sequence[core.Action]) -> None:
@@ -228,6 +224,11 @@ class Supervisor:
                 self._kill_tree()
             elif isinstance(action, core.TermLeftovers):
                 process.signal_all(self._tree.remaining(), signal.SIGTERM)
+            elif isinstance(action, core.CheckTree):
+                self._stopping = True
+                self._check_tree()
+            elif isinstance(action, core.KeepState):
+                self._keep_state(action)
             elif isinstance(action, core.NotifyStopping):
                 self._systemd.stopping()
             elif isinstance(action, core.ExtendStopTimeout):
@@ -236,7 +237,7 @@ class Supervisor:
                 raise Halt(action.reason, action.code)
 
     def _stop_child(self, name: str | None) -> None:
-        child = self.controller.child_pid
+        child = self._child_pid
         if child is None:
             return
         self._tree.snapshot(child)
@@ -251,9 +252,9 @@ class Supervisor:
         process.signal_all(remaining, signal.SIGKILL)
 
     def _forward_stop_signal(self) -> None:
-        child = self.controller.child_pid
+        child = self._child_pid
         signum = signal_number(self.config.controller.stop_signal)
-        if child is not None and self.controller.child_status is None and signum is not None:
+        if child is not None and not self._child_reaped and signum is not None:
             process.send(child, signum)
 
     def _check_tree(self) -> None:
@@ -360,37 +361,20 @@ class Supervisor:
                 return
             if pid == 0:
                 return
-            if pid == self.controller.child_pid:
+            if pid == self._child_pid:
+                self._child_reaped = True
                 self._forget_trainer(pid)
                 self._feed(_child_exited(pid, status))
             elif pid in self._trainer_fds:
                 self._trainer_exited(pid)
 
     # ------------------------------------------------------------------ systemd
-    def _tell_systemd(self) -> None:
+    def _tell_systemd(self, snapshot: Snapshot) -> None:
         """STATUS= when it changed, WATCHDOG=1 when due; both do nothing outside systemd."""
         if self._systemd.enabled:
             mono = time.monotonic()
-            self._systemd.status(*self._status_parts(), mono)
+            self._systemd.status(*systemd.status_parts(snapshot), mono)
             self._systemd.ping_if_due(mono)
-
-    def _status_parts(self) -> tuple[str, str]:
-        c = self.controller
-        request, plan, deadline = c.request, c.plan, c.deadline
-        return systemd.status_parts(systemd.StatusFacts(
-            now=self._clock(), phase=c.mode.value,
-            deadline_at=deadline.at if deadline else None,
-            source=deadline.source if deadline else None,
-            deadline_pending=c.deadline_pending,
-            plan_kind=plan.kind if plan else None,
-            signal_at=plan.nominal_at if plan else None,
-            request_kind=request.kind if request else None,
-            saving_step=max(request.begun.values()) if request and request.begun else None,
-            last_saved_step=c.last_saved_step, last_step=c.obs.last_step,
-            step_estimate_s=c.current_step_estimate_s(),
-            stop_reason=c.stop.reason if c.stop else None,
-            awaiting_ack=c.mode is core.Mode.DRAINING,
-        ))
 
 
 def _load_state(path: str | None, now: float) -> tuple[state.JobState | None, LogNote | None]:

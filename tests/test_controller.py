@@ -326,3 +326,35 @@ def test_the_decision_core_does_no_io(module: str) -> None:
             imported.add(node.module.split(".")[0])
     assert imported.isdisjoint({"os", "signal", "socket", "selectors", "psutil", "time", "subprocess"})
     assert "time.time(" not in source and "monotonic(" not in source
+
+
+def test_the_state_is_kept_after_every_completed_save_and_once_at_the_end() -> None:
+    """The controller says when the job's state file is written: right after each completed save
+    (asked for, or the trainer's own), with what was measured so far; and when the shell leaves,
+    once more if anything was measured at all."""
+    d = Driver(ControllerConfig(policy=QUICK))
+    assert d.controller.finish(d.now) == []  # nothing measured: the file is left as it is
+    d.hello()
+    d.steps(1, 3, 1.0)
+    own = d.save(3, 0.5)  # the trainer's own checkpoint
+    kept = [a for a in own if isinstance(a, core.KeepState)]
+    assert len(kept) == 1 and kept[0].saves == (0.5,) and kept[0].steps == (1.0, 1.0, 1.0)
+    assert [type(a) for a in own].index(core.KeepState) > [type(a) for a in own].index(core.Log)
+    d.deadline(30.0)
+    d.steps(4, 25, 1.0)
+    requested = d.save(28, 0.75)
+    assert [a.saves for a in requested if isinstance(a, core.KeepState)] == [(0.5, 0.75)]
+    assert [a.blocking for a in requested if isinstance(a, core.KeepState)] == [(0.75,)]
+    final = d.controller.finish(d.now)
+    assert len(final) == 1 and isinstance(final[0], core.KeepState) and final[0].saves == (0.5, 0.75)
+
+
+def test_while_stopping_every_wake_up_asks_for_the_tree_to_be_checked() -> None:
+    """Running, no tree check; from the stop on, each tick asks for one; after the exit nothing."""
+    d = Driver()
+    assert not any(isinstance(a, core.CheckTree) for a in d.controller.tick(d.now))
+    d.feed(core.SignalReceived("SIGTERM"))  # nothing attached: the stop begins at once
+    assert any(isinstance(a, core.CheckTree) for a in d.controller.tick(d.now))
+    d.feed(core.ChildExited(CHILD, 0))
+    d.feed(core.TreeChecked(0))
+    assert exits(d.actions) and d.controller.tick(d.now) == []

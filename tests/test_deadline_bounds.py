@@ -16,6 +16,7 @@ from esiwrap_harness import PYTHON, SIGNAL_ECHO
 from fakes.fixtures import SCHEDULED_ID
 from fakes.metadata import FakeMetadata
 from fakes.volcengine_api import FakeVolcengineApi
+from snapshots import snapshot
 
 from esiwrap.deadline import Deadline, TimeParseError, ask, iso_utc
 from esiwrap.deadline.bounds import EARLIEST, HORIZON_S, implausible
@@ -32,7 +33,7 @@ from esiwrap.deadline.spot import (
 )
 from esiwrap.deadline.value import iso_epoch
 from esiwrap.errors import EXIT_NO_DEADLINE, EXIT_USAGE, SourceUnavailable
-from esiwrap.systemd.status import StatusFacts, human_duration, status_parts
+from esiwrap.systemd.status import human_duration, status_parts
 
 NOW = 1_790_000_000.0
 FAR_FUTURE_RFC3339 = "9999-12-31T23:59:59-12:00"  # parses; its UTC year is 10000
@@ -66,8 +67,8 @@ def test_one_iso_form_at_two_precisions_and_read_back() -> None:
 
 def test_status_line_formatters_never_raise() -> None:
     """The systemd status line copes with any number: no date, no duration, no exception."""
-    facts = StatusFacts(now=NOW, phase="running", deadline_at=1e300, source="x", plan_kind="insurance",
-                        signal_at=math.nan, step_estimate_s=math.inf, last_step=1)
+    facts = snapshot(NOW, "running", deadline_at=1e300, deadline_source="x", next_save_kind="insurance",
+                     next_save_at=math.nan, step_estimate_s=math.inf, last_step=1)
     stable, volatile = status_parts(facts)
     assert "epoch 1e+300" in stable and "? left" in volatile
     assert human_duration(math.nan) == "?" and human_duration(-math.inf) == "?"

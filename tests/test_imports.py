@@ -16,7 +16,9 @@ from esiwrap.options import ALL_RUN_OPTIONS, SOURCE_OPTIONS
 
 PACKAGE = Path(registry.__file__).resolve().parent.parent
 ENTRY_POINTS = {"esiwrap._console", "esiwrap.__main__"}
-HEAVY_SOURCE_MODULES = ("esiwrap.deadline.metadata", "esiwrap.deadline.spot", "esiwrap.deadline.volcengine_api")
+HEAVY_SOURCE_MODULES = (
+    "esiwrap.deadline.metadata", "esiwrap.deadline.spot", "esiwrap.deadline.volcengine_api",
+)
 
 
 def module_name(path: Path) -> str:
@@ -100,7 +102,7 @@ def test_the_graph_reader_sees_every_kind_of_import() -> None:
     assert "esiwrap.supervisor" in GRAPH["esiwrap.cli"]  # inside run()
     assert "esiwrap.deadline.volcengine_api" in GRAPH["esiwrap.deadline.volcengine"]  # inside build()
     assert {"esiwrap.deadline", "esiwrap.deadline.parse"} <= GRAPH["esiwrap.optiontypes"]
-    assert "esiwrap.integrations.verl" in GRAPH["esiwrap.integrations"]  # from esiwrap.integrations import verl
+    assert "esiwrap.integrations.verl" in GRAPH["esiwrap.integrations"]  # from ... import verl
 
 
 def test_only_the_entry_points_import_the_cli() -> None:
@@ -143,8 +145,10 @@ def test_heavy_source_modules_load_only_for_the_sources_that_need_them() -> None
         f"heavy = {HEAVY_SOURCE_MODULES!r}\n"
         "build_sources(['cli', 'env'], source_values(), {}, 0.0)\n"
         "print(sorted(m for m in heavy if m in sys.modules))\n"
-        "build_sources(['volcengine', 'aws-spot'], source_values(metadata_url='http://127.0.0.1:9'), {}, 0.0)\n"
+        "local = source_values(metadata_url='http://127.0.0.1:9', aws_metadata_url='http://127.0.0.1:9')\n"
+        "build_sources(['volcengine', 'aws-spot'], local, {}, 0.0)\n"
         "print(sorted(m for m in heavy if m in sys.modules))\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          check=True)
     assert done.stdout.splitlines() == ["[]", str(sorted(HEAVY_SOURCE_MODULES))]
