@@ -23,7 +23,7 @@ from typing import Any
 
 from esiwrap import controller as core
 from esiwrap import events as ev
-from esiwrap import process, state, systemd
+from esiwrap import messages, process, state, systemd
 from esiwrap.channel import ChannelServer, Message
 from esiwrap.controller import Controller, ControllerConfig, Now
 from esiwrap.deadline import Source, ask, remote
@@ -292,26 +292,26 @@ class Supervisor:
 
     def _event_of(self, message: Message) -> core.Event | None:
         step = message.get_int("step")
-        if message.type == "hello":
+        if message.type == messages.HELLO:
             return self._hello(message)
-        if message.type == "bye":
+        if message.type == messages.BYE:
             self._forget_trainer(message.pid)
             return core.TrainerGone(message.pid)
-        if message.type == "step":
+        if message.type == messages.STEP:
             return core.Step(message.pid, step, _finite(message.get_float("duration_s")))
         peer = message.get_bool("peer", False)  # another node's esiwrap asked for this save
-        if message.type == "save_begin":
+        if message.type == messages.SAVE_BEGIN:
             return core.SaveBegin(message.pid, step, peer=peer)
-        if message.type == "save_snapshot":
+        if message.type == messages.SAVE_SNAPSHOT:
             return core.SaveSnapshot(message.pid, step, _finite(message.get_float("duration_s")), peer=peer)
-        if message.type == "save_end":
+        if message.type == messages.SAVE_END:
             return core.SaveEnd(
                 message.pid, step, ok=message.get_bool("ok", True),
                 duration_s=_finite(message.get_float("duration_s")), path=message.get_str("path"),
                 error=message.get_str("error"), peer=peer,
             )
-        if message.type == "deadline":  # another node's answer, relayed by a Ray driver (ray_nodes)
-            answer = remote.from_fields(message.fields)
+        if message.type == messages.DEADLINE:  # another node's answer, relayed by a Ray driver (ray_nodes)
+            answer = remote.from_fields(message.fields, self._clock())
             return core.DeadlineAnswers((answer,)) if answer is not None else None
         return None
 

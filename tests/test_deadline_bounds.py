@@ -247,3 +247,16 @@ def test_aws_notice_from_1970_still_counts(fake_aws_metadata: FakeMetadata) -> N
     answer = ask(aws_spot(MetadataClient(fake_aws_metadata.url, AWS), 300.0), now)
     assert answer.deadline is not None and answer.deadline.at == now + AWS_NOTICE_S
     assert "before 2000-01-01" in answer.deadline.detail["time_error"]
+
+
+def test_a_nodes_answer_is_held_to_the_same_range_as_every_source() -> None:
+    """What arrives from another node passes the plausibility of `bounds` at arrival, nothing
+    looser or stricter: 2000-01-01 on, at most ten years ahead."""
+    from esiwrap.deadline import remote
+
+    def arrived(at: float) -> bool:
+        fields = {"source": "node:1a2b3c4d/env:MLP", "at": at, "raw": str(at), "lead_s": 0.0, "detail": {}}
+        return remote.from_fields(fields, NOW) is not None
+
+    assert arrived(EARLIEST) and arrived(NOW + HORIZON_S)
+    assert not arrived(EARLIEST - 1) and not arrived(NOW + HORIZON_S + 1) and not arrived(math.inf)

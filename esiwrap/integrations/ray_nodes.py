@@ -259,5 +259,6 @@ def _node_answers(ray: Any, node: Node, ref: Any) -> NodeAnswers:
         fields = ray.get(ref)
     except Exception as exc:
         return NodeAnswers(node, [], error=f"{type(exc).__name__}: {str(exc)[:200]}")
-    answers = [answer for answer in map(remote.from_fields, fields) if answer is not None]
+    now = time.time()
+    answers = [answer for answer in (remote.from_fields(f, now) for f in fields) if answer is not None]
     return NodeAnswers(node, answers)
