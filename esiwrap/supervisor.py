@@ -4,8 +4,10 @@ One thread, one selector. The loop blocks on the signal wakeup socket, the train
 deadline watcher's wake socket, a pidfd per attached trainer and (while stopping) pidfds of the
 child's tree, with a timeout the controller sets (`wake_at`). Signal handlers do nothing in
 Python: `signal.set_wakeup_fd` writes the signal number to the wakeup socket. Everything that
-happens becomes an event for the controller, with the time; the controller's actions (signal
-these PIDs, stop the child, log, exit) are carried out here. Nothing here decides.
+happens becomes an input for the controller, with the time; the controller's actions (signal
+these PIDs, stop the child, log, keep the job's state, check the tree, exit) are carried out here.
+Nothing here decides, and nothing here reads the controller's state but its `snapshot` (for the
+status line, the metrics and the status file).
 """
 
 from __future__ import annotations
@@ -191,8 +193,8 @@ class Supervisor:
             waits.append(observer_due - mono)
         return max(0.0, min(waits))
 
-    def _feed(self, event: core.Event) -> None:
-        self._apply(self.controller.handle(event, self._now()))
+    def _feed(self, input_: core.Input) -> None:
+        self._apply(self.controller.handle(input_, self._now()))
 
     # ------------------------------------------------------------------ the job's state file
     def _keep_state(self, kept: core.KeepState) -> None:
@@ -286,11 +288,11 @@ class Supervisor:
     def _on_channel(self, _: selectors.SelectorKey) -> None:
         assert self._channel is not None
         for message in self._channel.receive():
-            event = self._event_of(message)
-            if event is not None:
-                self._feed(event)
+            input_ = self._input_of(message)
+            if input_ is not None:
+                self._feed(input_)
 
-    def _event_of(self, message: Message) -> core.Event | None:
+    def _input_of(self, message: Message) -> core.Input | None:
         step = message.get_int("step")
         if message.type == messages.HELLO:
             return self._hello(message)

@@ -1,4 +1,4 @@
-"""The decision core, driven by events with a fake clock: what it asks the shell to do, and when."""
+"""The decision core, driven by inputs with a fake clock: what it asks the shell to do, and when."""
 
 from __future__ import annotations
 
@@ -113,9 +113,9 @@ def test_renewal_after_a_save_plans_a_new_insurance_save() -> None:
     d.advance(120.0)
     assert d.controller.request is not None
     d.save(3, 5.0)
-    assert d.controller.saves_done == 1
+    assert d.controller.deadline_saves_done == 1
     d.deadline(7500.0, source="volcengine", raw="renewed")
-    assert d.controller.saves_done == 0
+    assert d.controller.deadline_saves_done == 0
     assert d.controller.plan is not None and d.controller.plan.kind == "insurance"
     assert logs(d.actions, "deadline_changed")[-1]["raw"] == "renewed"
 
@@ -133,7 +133,7 @@ def test_small_later_move_keeps_the_final_plan() -> None:
     old = d.controller.deadline
     assert old is not None
     d.deadline(old.at + 30.0 - d.wall, source="volcengine")  # 30 s later: 175 s left
-    assert d.controller.saves_done == 1
+    assert d.controller.deadline_saves_done == 1
     assert d.controller.plan is not None and d.controller.plan.kind == "final"
     assert d.controller.plan.signal_at > before
 
@@ -272,7 +272,7 @@ def test_reports_from_a_process_that_never_said_hello_are_ignored() -> None:
     d.steps(1, 3, 1.0)
     d.feed(core.SaveEnd(9999, 3, duration_s=0.1, path="/elsewhere"))
     d.feed(core.Step(9999, 50, 1.0))
-    assert d.controller.last_saved_step is None and d.controller.obs.last_step == 3
+    assert d.controller.last_checkpoint is None and d.controller.obs.last_step == 3
     d.feed(core.SignalReceived("SIGTERM"))
     assert d.controller.mode is Mode.DRAINING  # a save is asked for, nothing was taken as saved
 
@@ -358,3 +358,12 @@ def test_while_stopping_every_wake_up_asks_for_the_tree_to_be_checked() -> None:
     d.feed(core.ChildExited(CHILD, 0))
     d.feed(core.TreeChecked(0))
     assert exits(d.actions) and d.controller.tick(d.now) == []
+
+
+def test_an_unknown_input_is_refused_at_once() -> None:
+    """Anything but an `Input` is the caller's bug: TypeError, nothing done."""
+    d = Driver()
+    with pytest.raises(TypeError, match="not an input"):
+        d.controller.handle(("hello", 4242), d.now)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="not an input"):
+        d.controller.handle(core.KillTree(), d.now)  # type: ignore[arg-type]
