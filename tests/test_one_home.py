@@ -175,3 +175,31 @@ def test_every_known_message_is_handled_and_the_channel_takes_no_other() -> None
     assert {getattr(messages, name) for name in handled} == messages.ALL
     assert channel.MESSAGE_TYPES == messages.ALL
     assert channel.decode(b'{"type": "hullo", "pid": 42}') is None
+
+
+def readme_module_map() -> list[str]:
+    """The files named in README.md's module map (its fenced tree), as paths under esiwrap/."""
+    readme = (PACKAGE.parent / "README.md").read_text(encoding="utf-8")
+    section = readme.split("\n### Module map\n", 1)[1]
+    tree = section.split("```\n", 2)[1]
+    named, folders = [], []
+    for line in tree.splitlines()[1:]:  # the first line is esiwrap/ itself
+        word = line.split()[0] if line.strip() else ""
+        if not word.endswith((".py", "/")):
+            continue  # a description's second line
+        depth = (len(line) - len(line.lstrip(" "))) // 2 - 1
+        folders = folders[:depth]
+        if word.endswith("/"):
+            folders.append(word.rstrip("/"))
+        else:
+            named.append("/".join([*folders, word]))
+    return named
+
+
+def test_the_readmes_module_map_matches_the_tree() -> None:
+    """README's "Development" section names every module file of the package once, and no module
+    that does not exist."""
+    named = readme_module_map()
+    actual = sorted(str(path.relative_to(PACKAGE)) for path in PACKAGE.rglob("*.py"))
+    assert len(named) == len(set(named))
+    assert sorted(named) == actual
