@@ -25,6 +25,7 @@ from contextlib import contextmanager
 from types import FrameType
 from typing import Any
 
+from esiwrap import messages
 from esiwrap.channel import ChannelClient
 from esiwrap.signals import save_signal
 
@@ -104,7 +105,7 @@ def install(
     fields.update(integration=integration, signal=True, **hello)
     if stop_signal:
         fields["stop_signal"] = stop_signal
-    _state.client.send("hello", **fields)
+    _state.client.send(messages.HELLO, **fields)
 
 
 def uninstall() -> None:
@@ -160,7 +161,7 @@ def step_done(step: int) -> None:
     now = time.monotonic()
     duration_s = now - _state.last_boundary
     _state.last_boundary = now
-    _state.client.send("step", step=int(step), duration_s=round(duration_s, 6))
+    _state.client.send(messages.STEP, step=int(step), duration_s=round(duration_s, 6))
 
 
 @contextmanager
@@ -186,7 +187,7 @@ def save_started(step: int) -> None:
     """Report that a checkpoint write begins (for callbacks, where a `with` block cannot span
     the hooks that start and end the write; `saving()` is this pair around a block)."""
     _state.save_started_at = time.monotonic()
-    _state.client.send("save_begin", step=int(step), **_peer_field())
+    _state.client.send(messages.SAVE_BEGIN, step=int(step), **_peer_field())
 
 
 def save_snapshotted(step: int) -> None:
@@ -195,8 +196,8 @@ def save_snapshotted(step: int) -> None:
     The request is served: it is cleared. Call `save_finished` once the write is durable."""
     started = _state.save_started_at if _state.save_started_at is not None else time.monotonic()
     clear()
-    _state.client.send("save_snapshot", step=int(step), duration_s=round(time.monotonic() - started, 6),
-                       **_peer_field())
+    _state.client.send(messages.SAVE_SNAPSHOT, step=int(step),
+                       duration_s=round(time.monotonic() - started, 6), **_peer_field())
 
 
 def save_finished(step: int, path: str | os.PathLike[str] | None = None, *,
@@ -225,7 +226,7 @@ def save_finished(step: int, path: str | os.PathLike[str] | None = None, *,
         request_save()
     else:
         clear()
-    _state.client.send("save_end", **fields)
+    _state.client.send(messages.SAVE_END, **fields)
 
 
 class AsyncSave:
