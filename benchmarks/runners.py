@@ -1,7 +1,7 @@
 """Policies played against a `Scenario`, each evaluated where it really runs.
 
 * `run_esiwrap` is `esiwrap.replay.replay`: it drives esiwrap's own decision core
-  (`esiwrap.controller.Controller`, which plans with `esiwrap.policy`) with the events the
+  (`esiwrap.controller.Controller`, which plans with `esiwrap.policy`) with the inputs the
   supervisor would feed it, on a simulated clock: a step report at each boundary (boundary-to-
   boundary time), save begin/snapshot/end around a save, a deadline change when it is announced,
   and a wake-up at every timer the controller asks for. A save signal is taken to arrive at once

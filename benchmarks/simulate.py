@@ -5,7 +5,7 @@
     python benchmarks/simulate.py --policy oracle --policy 'esiwrap --save-duration 360'
 
 Policies are named like the command that runs them: `esiwrap [RUN OPTIONS]` takes esiwrap's own
-flags (parsed by esiwrap's CLI into the `PolicyConfig` the supervisor would use), `verl
+flags (parsed by `esiwrap.options` into the controller's configuration, as the supervisor's), `verl
 [--esi-redundant-time S]` is verl's rule, `oracle` knows the future, `reference` knows the true
 rate of surprise interruptions and every duration. The trace families and the policies' models
 are described in `traces.py` and `runners.py`; what the figures mean is in BENCHMARKS.md.
@@ -36,7 +36,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from runners import Outcome, run_esiwrap, run_oracle, run_reference, run_verl
 from traces import FAMILIES, SURPRISE_FAMILIES, Params, Scenario, generate
 
-from esiwrap.cli import RUN_OPTIONS, build_run_parser, resolve_options, supervisor_config
+from esiwrap.errors import UsageError
+from esiwrap.options import RUN_OPTIONS, build_run_parser, controller_config, resolve_options
 from esiwrap.policy import quantile
 
 DEFAULT_POLICIES = (
@@ -69,8 +70,10 @@ def make_runner(spec: str, params: Params | None = None) -> Runner:
             redundant = float(ns.esi_redundant_time)
             return lambda scenario: run_verl(scenario, redundant)
     if name == "esiwrap":
-        values = resolve_options(build_run_parser().parse_args(args), RUN_OPTIONS, {})
-        config = supervisor_config([], values).controller_config()
+        try:
+            config = controller_config(resolve_options(build_run_parser().parse_args(args), RUN_OPTIONS, {}))
+        except UsageError as exc:
+            usage_error(f"--policy {spec!r}: {exc}")
         return lambda scenario: run_esiwrap(scenario, config)
     usage_error(f"--policy {spec!r}: unknown; use 'oracle', 'reference', 'verl [--esi-redundant-time S]' "
                 "or 'esiwrap [RUN OPTIONS]'")

@@ -2,7 +2,7 @@
 
 Start: the garbage collector is off while the modules load. They make tens of thousands of
 objects that live as long as the process, so collecting them finds nothing; `cli` freezes them
-and turns the collector back on before supervision begins (`resume_gc`).
+and turns the collector back on before supervision begins (`cli.resume_gc`).
 
 End: once stdout and stderr are flushed, the process leaves with `os._exit`. Tearing every
 module down one object at a time costs more than a short run's whole supervision (about 8 ms
@@ -30,13 +30,6 @@ def console() -> NoReturn:
         code = _exit_code(exc.code)
     _flush()
     os._exit(code)
-
-
-def resume_gc() -> None:
-    """Start-up is over: what exists now stays, so the collector skips it from here on."""
-    if not gc.isenabled():
-        gc.freeze()
-        gc.enable()
 
 
 def _exit_code(code: object) -> int:

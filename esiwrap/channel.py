@@ -1,7 +1,8 @@
 """Trainer -> supervisor messages: JSON datagrams on a Unix socket named by `ESIWRAP_SOCKET`.
 
 Datagrams keep message boundaries, need no connection, and a full or missing receiver makes
-`send` fail at once instead of blocking a training step. Messages (every one carries `pid`):
+`send` fail at once instead of blocking a training step. Messages (every one carries `pid`; their
+type names are `esiwrap.messages`):
 
     {"type": "hello", "pid": P, "rank": 0, "world_size": 1, "saves": true, "signal": true,
      "stop_signal": "SIGINT", "integration": "plain", "version": "..."}
@@ -32,13 +33,13 @@ import socket
 from dataclasses import dataclass, field
 from typing import Any
 
+from esiwrap import messages
 from esiwrap.envvars import SIGNAL_ENV, SOCKET_ENV
 
 __all__ = ["SIGNAL_ENV", "SOCKET_ENV", "ChannelClient", "ChannelServer", "Message", "decode"]
 MAX_DATAGRAM = 64 * 1024
 MAX_PID = 2**22  # the kernel's PID_MAX_LIMIT: larger is no process
-MESSAGE_TYPES = frozenset({"hello", "step", "save_begin", "save_snapshot", "save_end", "bye", "deadline",
-                           "checkpoint"})
+MESSAGE_TYPES = messages.ALL
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,9 @@
 """The decision core: what the supervisor does, as a pure state machine.
 
-Events go in with the time (`Now`: the wall clock for deadlines, the monotonic clock for waits),
-actions come out (signal these PIDs, stop the child, log this, exit). Nothing here does I/O or
+Inputs go in with the time (`Now`: the wall clock for deadlines, the monotonic clock for waits),
+actions come out (signal these PIDs, stop the child, log this, keep the job's state, exit). An
+input is what happened (a trainer's report, a signal, a deadline answer: the `Input` union);
+"event" is kept for the log's event names (`esiwrap.events`). Nothing here does I/O or
 reads a clock, so the supervisor (`esiwrap.supervisor`, the I/O shell), the policy simulator
 (`benchmarks/simulate.py`) and the property tests all drive this same code.
 
@@ -56,7 +58,7 @@ DEADLINE_CHANGE_S = 1.0  # smaller moves are the same deadline said twice
 SAVE_WRITE_GRACE_FACTOR = 3.0  # a save being written may run this many estimates before it is cut off
 
 
-# Events and actions are NamedTuples: as light to make as a tuple, and cheap to define (esiwrap's
+# Inputs and actions are NamedTuples: as light to make as a tuple, and cheap to define (esiwrap's
 # start-up imports them all).
 NO_FIELDS: Mapping[str, Any] = MappingProxyType({})
 
@@ -89,7 +91,7 @@ class ControllerConfig:
     probe_dir: str | None = None  # where to probe when no trainer names its checkpoint directory
 
 
-# ---------------------------------------------------------------------------------- events
+# ---------------------------------------------------------------------------------- inputs
 class ChildStarted(NamedTuple):
     pid: int
     argv: tuple[str, ...] = ()
@@ -171,6 +173,8 @@ class DeadlineAnswers(NamedTuple):
 
 
 class SignalReceived(NamedTuple):
+    """A signal to esiwrap (never SIGCHLD: reaping is the shell's, reported as `ChildExited`)."""
+
     name: str  # "SIGTERM"
 
 
@@ -187,11 +191,9 @@ class TreeChecked(NamedTuple):
     remaining: int
 
 
-Event = (
+Input = (
     ChildStarted | Hello | CheckpointSize | StorageProbed | TrainerGone | Step | SaveBegin | SaveSnapshot
-    | SaveEnd | DeadlineAnswers
-    | SignalReceived
-    | ChildExited | TreeChecked
+    | SaveEnd | DeadlineAnswers | SignalReceived | ChildExited | TreeChecked
 )
 
 
@@ -214,6 +216,20 @@ class KillTree:
 
 class TermLeftovers:
     """The child is gone: SIGTERM to what is left of its tree."""
+
+
+class CheckTree:
+    """While stopping, after every wake-up: reap, and report what is left of the child's tree
+    (`TreeChecked`)."""
+
+
+class KeepState(NamedTuple):
+    """Write the job's state file (`--state-file`), if there is one: what this run measured, after
+    every completed save and once as the shell leaves (`Controller.finish`)."""
+
+    steps: tuple[float, ...]  # the step window
+    saves: tuple[float, ...]  # this run's save durations
+    blocking: tuple[float, ...]  # how long each save esiwrap asked for stopped training
 
 
 class Log(NamedTuple):
@@ -248,8 +264,8 @@ class ProbeStorage(NamedTuple):
 TRAINER_REPORTS = (Step, SaveBegin, SaveSnapshot, SaveEnd, CheckpointSize)
 
 Action = (
-    SendSignal | StopChild | KillTree | TermLeftovers | Log | NotifyStopping | ExtendStopTimeout | Exit
-    | ProbeStorage
+    SendSignal | StopChild | KillTree | TermLeftovers | CheckTree | Log | NotifyStopping | ExtendStopTimeout
+    | KeepState | Exit | ProbeStorage
 )
 PROBE_REPEAT_S = 6 * 3600.0  # while no save is measured, probe the storage again this often
 
@@ -281,6 +297,14 @@ class SaveRequest:
     save_started_at: float | None = None  # wall: the boundary the checkpoint holds
 
 
+class Checkpoint(NamedTuple):
+    """The last completed save: the step it holds and the wall time it completed (acknowledged).
+    (The boundary it was taken at, from which work is at risk, is `Observations.checkpoint_at`.)"""
+
+    step: int
+    completed_at: float
+
+
 @dataclass
 class StopState:
     reason: str
@@ -290,7 +314,8 @@ class StopState:
 
 
 class Controller:
-    """Events in, actions out. Every public method returns the actions to carry out, in order."""
+    """Inputs in, actions out. `handle`, `tick` and `finish` return the actions to carry out, in
+    order; `wake_at` and `snapshot` only tell."""
 
     def __init__(self, config: ControllerConfig, prior: Prior | None = None) -> None:
         self.config = config
@@ -307,17 +332,19 @@ class Controller:
         self.plan: SavePlan | None = None
         self._logged_signal_at: float | None = None
         self._warned_too_close = False
-        self.saves_done = 0  # acknowledged saves against the current deadline
-        self.any_save_completed = False
-        self.last_saved_step: int | None = None
+        # Insurance and final saves acknowledged against the current deadline (the policy's
+        # `saves_done`); back to 0 when a renewal opens a new stretch to insure.
+        self.deadline_saves_done = 0
+        self.last_checkpoint: Checkpoint | None = None  # any completed save, the trainer's own too
         self._ack_until: float | None = None  # monotonic, while DRAINING
         self._sigints = 0
         self.stop: StopState | None = None
         self._exited = False
         self._out: list[Action] = []
         self._budget_warned_s = 0.0  # the stop needed this long when --stop-budget was last warned
-        self.saves_completed = self.saves_failed = self.saves_missed = 0  # for the metrics
-        self.last_checkpoint_at: float | None = None  # wall time the last completed save ended
+        # This run's counts, for the metrics: saves completed (asked for, or the trainer's own),
+        # failed (the trainer said so), missed (no acknowledgement in time).
+        self.saves_completed_total = self.saves_failed_total = self.saves_missed_total = 0
         self._capacities: dict[str, CapacityKind] = {}  # source -> the capacity kind it reported
         self._checkpoint_dir: str | None = None  # the first directory a trainer named
         self._probe_asked = False  # the storage probe was asked for (once; then every PROBE_REPEAT_S)
@@ -326,18 +353,57 @@ class Controller:
         self._node_sources: set[str] = set()  # other Ray nodes' sources that answered (node:<id>/…)
 
     # ------------------------------------------------------------------ the two entry points
-    def handle(self, event: Event, now: Now) -> list[Action]:
-        """React to one event, then fire whatever timer it made due."""
-        if isinstance(event, TRAINER_REPORTS) and not self._attached(event.pid):
+    def handle(self, input_: Input, now: Now) -> list[Action]:
+        """React to one input, then fire whatever timer it made due. Anything that is not an
+        `Input` is the caller's bug: TypeError at once."""
+        if isinstance(input_, TRAINER_REPORTS) and not self._attached(input_.pid):
             return self._take()  # only a trainer that said hello reports steps and saves
-        handler = getattr(self, "_on_" + _snake(type(event).__name__))
-        handler(event, now)
+        match input_:
+            case ChildStarted():
+                self._on_child_started(input_, now)
+            case Hello():
+                self._on_hello(input_, now)
+            case CheckpointSize():
+                self._on_checkpoint_size(input_, now)
+            case StorageProbed():
+                self._on_storage_probed(input_, now)
+            case TrainerGone():
+                self._on_trainer_gone(input_, now)
+            case Step():
+                self._on_step(input_, now)
+            case SaveBegin():
+                self._on_save_begin(input_, now)
+            case SaveSnapshot():
+                self._on_save_snapshot(input_, now)
+            case SaveEnd():
+                self._on_save_end(input_, now)
+            case DeadlineAnswers():
+                self._on_deadline_answers(input_, now)
+            case SignalReceived():
+                self._on_signal_received(input_, now)
+            case ChildExited():
+                self._on_child_exited(input_, now)
+            case TreeChecked():
+                self._on_tree_checked(input_, now)
+            case _:
+                msg = f"not an input of the controller: {input_!r}"
+                raise TypeError(msg)
         self._fire_timers(now)
         return self._take()
 
     def tick(self, now: Now) -> list[Action]:
-        """The loop woke up (a timer, or anything else): fire the timers that are due."""
+        """The loop woke up (a timer, or anything else): fire the timers that are due; while
+        stopping, ask for the child's tree to be checked."""
         self._fire_timers(now)
+        if self.mode in (Mode.STOPPING, Mode.KILLING) and not self._exited:
+            self._out.append(CheckTree())
+        return self._take()
+
+    def finish(self, now: Now) -> list[Action]:
+        """The shell is leaving (after `Exit`, or on a failure of its own): what must still be
+        carried out. The job's state, when anything was measured."""
+        if self.obs.saves or self.obs.last_step is not None:
+            self._keep_state()
         return self._take()
 
     def wake_at(self, now: Now) -> float | None:
@@ -379,24 +445,31 @@ class Controller:
             self._fire_due_timer(now)
 
     def _fire_due_timer(self, now: Now) -> None:
-        if self.mode is Mode.CONTINUING:
-            self._begin_stop("checkpoint complete", EXIT_CHECKPOINTED, now)
-        elif self.mode is Mode.DRAINING:
-            if self._ack_until is not None and now.mono >= self._ack_until:
-                self._ack_wait_over(now)
-        elif self.mode in (Mode.STOPPING, Mode.KILLING):
-            self._stop_timer(now)
-        elif self.mode in (Mode.RUNNING, Mode.SAVE_REQUESTED) and self.deadline is not None:
-            unattached = self._unattached_stop_at()
-            if now.wall >= self.deadline.at:
-                self._deadline_reached(now)
-            elif unattached is not None and now.wall >= unattached:
-                self._begin_stop("no trainer attached to save", EXIT_SAVE_MISSED, now)
-            elif self.mode is Mode.RUNNING and self.plan is not None and now.wall >= self.plan.signal_at:
-                self._request_save("deadline", now)
-            elif self.mode is Mode.RUNNING and self._probe_again_at is not None \
-                    and now.wall >= self._probe_again_at:
-                self._probe_again(now)
+        """The timer of the current mode (`_wall_timers`, `_mono_timers`) that is due."""
+        match self.mode:
+            case Mode.CONTINUING:  # the latest moment the stop may begin (linger)
+                self._begin_stop("checkpoint complete", EXIT_CHECKPOINTED, now)
+            case Mode.DRAINING:  # the wait for the acknowledgement
+                if self._ack_until is not None and now.mono >= self._ack_until:
+                    self._ack_wait_over(now)
+            case Mode.STOPPING | Mode.KILLING:  # the grace period, the wait after SIGKILL
+                self._stop_timer(now)
+            case Mode.RUNNING | Mode.SAVE_REQUESTED if self.deadline is not None:
+                self._deadline_timer(self.deadline, now)
+
+    def _deadline_timer(self, deadline: Deadline, now: Now) -> None:
+        """The deadline itself, the latest graceful stop with nobody to save, the planned signal,
+        the next storage probe."""
+        unattached = self._unattached_stop_at()
+        if now.wall >= deadline.at:
+            self._deadline_reached(now)
+        elif unattached is not None and now.wall >= unattached:
+            self._begin_stop("no trainer attached to save", EXIT_SAVE_MISSED, now)
+        elif self.mode is Mode.RUNNING and self.plan is not None and now.wall >= self.plan.signal_at:
+            self._request_save("deadline", now)
+        elif self.mode is Mode.RUNNING and self._probe_again_at is not None \
+                and now.wall >= self._probe_again_at:
+            self._probe_again(now)
 
     def _take(self) -> list[Action]:
         actions, self._out = self._out, []
@@ -406,40 +479,40 @@ class Controller:
         self._out.append(Log(level, event, fields))
 
     # ------------------------------------------------------------------ child and trainers
-    def _on_child_started(self, event: ChildStarted, now: Now) -> None:
-        self.child_pid = event.pid
-        settings = {"settings": dict(event.settings)} if event.settings else {}
-        self._log("info", ev.CHILD_STARTED, pid=event.pid, argv=list(event.argv), **settings)
+    def _on_child_started(self, started: ChildStarted, now: Now) -> None:
+        self.child_pid = started.pid
+        settings = {"settings": dict(started.settings)} if started.settings else {}
+        self._log("info", ev.CHILD_STARTED, pid=started.pid, argv=list(started.argv), **settings)
 
-    def _on_hello(self, event: Hello, now: Now) -> None:
-        if event.wants_signal and not event.descendant:
+    def _on_hello(self, hello: Hello, now: Now) -> None:
+        if hello.wants_signal and not hello.descendant:
             # we only ever signal our own tree; relayed processes say signal=false
-            self._log("warning", ev.TRAINER_REJECTED, pid=event.pid, reason="not a descendant of esiwrap")
+            self._log("warning", ev.TRAINER_REJECTED, pid=hello.pid, reason="not a descendant of esiwrap")
             return
-        self.trainers[event.pid] = Trainer(
-            pid=event.pid, rank=event.rank, saves=event.saves, signal=event.wants_signal,
-            stop_signal=event.stop_signal, attached_at=now.wall, checkpoint_bytes=event.checkpoint_bytes,
+        self.trainers[hello.pid] = Trainer(
+            pid=hello.pid, rank=hello.rank, saves=hello.saves, signal=hello.wants_signal,
+            stop_signal=hello.stop_signal, attached_at=now.wall, checkpoint_bytes=hello.checkpoint_bytes,
         )
-        self._log("info", ev.TRAINER_ATTACHED, pid=event.pid, **event.fields)
+        self._log("info", ev.TRAINER_ATTACHED, pid=hello.pid, **hello.fields)
         self.obs.trainer_started(now.wall)
-        if event.nodes is not None and event.nodes > self._trainer_nodes:
-            self._trainer_nodes = event.nodes
+        if hello.nodes is not None and hello.nodes > self._trainer_nodes:
+            self._trainer_nodes = hello.nodes
             self._update_capacity()
         self._sum_checkpoint_bytes()
-        if self._checkpoint_dir is None and event.checkpoint_dir:
-            self._checkpoint_dir = event.checkpoint_dir
-        self._probe(now, previous=event.resumed_from)
+        if self._checkpoint_dir is None and hello.checkpoint_dir:
+            self._checkpoint_dir = hello.checkpoint_dir
+        self._probe(now, previous=hello.resumed_from)
         self._check_stop_budget()
         request = self.request
-        if request is not None and not self.config.signal_child and event.wants_signal \
-                and event.pid not in request.signalled:
-            self._signal([event.pid])  # a save is due: this trainer joins it at once
+        if request is not None and not self.config.signal_child and hello.wants_signal \
+                and hello.pid not in request.signalled:
+            self._signal([hello.pid])  # a save is due: this trainer joins it at once
         self._replan(now)
 
-    def _on_checkpoint_size(self, event: CheckpointSize, now: Now) -> None:
-        trainer = self.trainers.get(event.pid)
-        if trainer is not None and event.checkpoint_bytes > 0:
-            trainer.checkpoint_bytes = event.checkpoint_bytes
+    def _on_checkpoint_size(self, size: CheckpointSize, now: Now) -> None:
+        trainer = self.trainers.get(size.pid)
+        if trainer is not None and size.checkpoint_bytes > 0:
+            trainer.checkpoint_bytes = size.checkpoint_bytes
             self._sum_checkpoint_bytes()
             self._replan(now)
 
@@ -474,112 +547,111 @@ class Controller:
         if path is not None and not self.obs.measured:
             self._out.append(ProbeStorage(path, None, self._probe_bytes()))
 
-    def _on_storage_probed(self, event: StorageProbed, now: Now) -> None:
-        if event.source == "probe":
+    def _on_storage_probed(self, probed: StorageProbed, now: Now) -> None:
+        if probed.source == "probe":
             self.obs.prior_pending = False
             self._probe_again_at = now.wall + PROBE_REPEAT_S
-        previous = event.source == "previous checkpoint"
-        if previous and event.written_bytes > 0 and self.obs.checkpoint_bytes is None:
-            self.obs.checkpoint_bytes = event.written_bytes  # the trainer did not say: its last one does
-        if event.bandwidth_bps is None or not event.bandwidth_bps > 0:
-            self._log("warning", ev.STORAGE_PROBED, path=event.path, source=event.source, error=event.error)
+        previous = probed.source == "previous checkpoint"
+        if previous and probed.written_bytes > 0 and self.obs.checkpoint_bytes is None:
+            self.obs.checkpoint_bytes = probed.written_bytes  # the trainer did not say: its last one does
+        if probed.bandwidth_bps is None or not probed.bandwidth_bps > 0:
+            self._log("warning", ev.STORAGE_PROBED, path=probed.path, source=probed.source,
+                      error=probed.error)
             self._replan(now)  # no prior from it: plan as before
             return
         # Two measurements: the slower one rules (a probe is short, a checkpoint can outgrow caches).
-        if self.obs.bandwidth_bps is None or event.bandwidth_bps < self.obs.bandwidth_bps \
-                or event.source == self.obs.bandwidth_source:
-            self.obs.bandwidth_bps, self.obs.bandwidth_source = event.bandwidth_bps, event.source
-        self._log("info", ev.STORAGE_PROBED, path=event.path, source=event.source,
-                  bandwidth_mb_s=_round(event.bandwidth_bps / 1e6), written_bytes=int(event.written_bytes),
-                  seconds=_round(event.seconds))
+        if self.obs.bandwidth_bps is None or probed.bandwidth_bps < self.obs.bandwidth_bps \
+                or probed.source == self.obs.bandwidth_source:
+            self.obs.bandwidth_bps, self.obs.bandwidth_source = probed.bandwidth_bps, probed.source
+        self._log("info", ev.STORAGE_PROBED, path=probed.path, source=probed.source,
+                  bandwidth_mb_s=_round(probed.bandwidth_bps / 1e6), written_bytes=int(probed.written_bytes),
+                  seconds=_round(probed.seconds))
         self._replan(now)
 
     def _attached(self, pid: int) -> bool:
         """Said hello; with --signal-child the direct child needs not (it handles the signal itself)."""
         return pid in self.trainers or (self.config.signal_child and pid == self.child_pid)
 
-    def _on_trainer_gone(self, event: TrainerGone, now: Now) -> None:
-        if self.trainers.pop(event.pid, None) is not None and self.request is not None:
+    def _on_trainer_gone(self, gone: TrainerGone, now: Now) -> None:
+        if self.trainers.pop(gone.pid, None) is not None and self.request is not None:
             self._check_acknowledged(self.request, now)  # it may have been the last one to wait for
 
-    def _on_child_exited(self, event: ChildExited, now: Now) -> None:
-        self.child_status = event.code if event.code is not None else 128 + event.signum
-        fields: dict[str, Any] = {"pid": event.pid, "code": event.code, "signal": event.signal}
-        if event.signal == "SIGKILL" and self.stop is None:
+    def _on_child_exited(self, exited: ChildExited, now: Now) -> None:
+        self.child_status = exited.code if exited.code is not None else 128 + exited.signum
+        fields: dict[str, Any] = {"pid": exited.pid, "code": exited.code, "signal": exited.signal}
+        if exited.signal == "SIGKILL" and self.stop is None:
             fields["hint"] = "killed by SIGKILL: out of memory?"
         self._log("info", ev.CHILD_EXITED, **fields)
-        self.trainers.pop(event.pid, None)
+        self.trainers.pop(exited.pid, None)
         if self.stop is None:
             self._begin_stop("child exited", None, now)
 
-    def _on_tree_checked(self, event: TreeChecked, now: Now) -> None:
+    def _on_tree_checked(self, checked: TreeChecked, now: Now) -> None:
         stop = self.stop
         if stop is None or self.child_status is None:
             return
-        if event.remaining == 0:
+        if checked.remaining == 0:
             self._exit(stop.reason, now)
         elif not stop.leftovers_signalled:
             stop.leftovers_signalled = True
             self._out.append(TermLeftovers())
 
     # ------------------------------------------------------------------ trainer messages
-    def _on_step(self, event: Step, now: Now) -> None:
-        if event.pid != self._timing_pid():
+    def _on_step(self, report: Step, now: Now) -> None:
+        if report.pid != self._timing_pid():
             return
-        interval = self.obs.record_step(event.step, event.duration_s, now.wall)
-        self._log("debug", ev.STEP_OBSERVED, step=event.step, duration_s=_round(interval))
+        interval = self.obs.record_step(report.step, report.duration_s, now.wall)
+        self._log("debug", ev.STEP_OBSERVED, step=report.step, duration_s=_round(interval))
         self._check_stop_budget()
         self._replan(now)
 
-    def _adopt_peer_request(self, event: SaveBegin | SaveSnapshot | SaveEnd, now: Now) -> None:
+    def _adopt_peer_request(self, report: SaveBegin | SaveSnapshot | SaveEnd, now: Now) -> None:
         """A save another node's esiwrap asked for (the ranks agreed on it in their all-reduce) is
         this node's save too: the job ends after it on every node, so it becomes this node's
         request, and esiwrap stops after it."""
-        if not event.peer or self.request is not None or self.stop is not None:
+        if not report.peer or self.request is not None or self.stop is not None:
             return
-        self.request = SaveRequest(reason="peer", kind="peer", requested_at=now.wall, signalled={event.pid})
+        self.request = SaveRequest(reason="peer", kind="peer", requested_at=now.wall, signalled={report.pid})
         if self.mode is Mode.RUNNING:
             self.mode = Mode.SAVE_REQUESTED
         self._log("info", ev.SAVE_REQUESTED, reason="peer", kind="peer", pids=[],
                   remaining_s=self._remaining(now))
 
-    def _on_save_begin(self, event: SaveBegin, now: Now) -> None:
-        self._adopt_peer_request(event, now)
+    def _on_save_begin(self, begin: SaveBegin, now: Now) -> None:
+        self._adopt_peer_request(begin, now)
         request = self.request
         if request is None:
-            self._log("info", ev.SAVE_STARTED, step=event.step, pid=event.pid, requested=False)
+            self._log("info", ev.SAVE_STARTED, step=begin.step, pid=begin.pid, requested=False)
             return
         first = not request.begun
-        request.begun[event.pid] = event.step
+        request.begun[begin.pid] = begin.step
         if first:
             request.save_started_mono, request.save_started_at = now.mono, now.wall
-            self._log("info", ev.SAVE_STARTED, step=event.step, pid=event.pid, requested=True)
+            self._log("info", ev.SAVE_STARTED, step=begin.step, pid=begin.pid, requested=True)
 
-    def _on_save_snapshot(self, event: SaveSnapshot, now: Now) -> None:
-        self._adopt_peer_request(event, now)
+    def _on_save_snapshot(self, snapshot: SaveSnapshot, now: Now) -> None:
+        self._adopt_peer_request(snapshot, now)
         request = self.request
-        if request is None or event.pid in request.snapshots:
+        if request is None or snapshot.pid in request.snapshots:
             return  # the trainer's own asynchronous save: its end is what counts
         first = not request.snapshots
-        request.snapshots[event.pid] = event
+        request.snapshots[snapshot.pid] = snapshot
         if first:  # training resumes now, while the write goes on
-            self.obs.record_blocking(event.duration_s, now.wall)
+            self.obs.record_blocking(snapshot.duration_s, now.wall)
 
-    def _on_save_end(self, event: SaveEnd, now: Now) -> None:
-        if not event.ok:
-            self.saves_failed += 1
-            self._log("error", ev.SAVE_FAILED, step=event.step, pid=event.pid, error=event.error)
+    def _on_save_end(self, end: SaveEnd, now: Now) -> None:
+        if not end.ok:
+            self.saves_failed_total += 1
+            self._log("error", ev.SAVE_FAILED, step=end.step, pid=end.pid, error=end.error)
             return  # the trainer keeps its flag and tries again at the next boundary
-        self._adopt_peer_request(event, now)
+        self._adopt_peer_request(end, now)
         request = self.request
         if request is None:
-            self.obs.record_save(event.duration_s, now.wall)
-            self._save_completed_log(event.step, [event], now, requested=False)
-            self.last_saved_step = event.step
-            self.any_save_completed = True  # the trainer's own checkpoint is one too
+            self.obs.record_save(end.duration_s, now.wall)
+            self._save_completed(end.step, [end], now, requested=False)  # the trainer's own
             self._replan(now)
             return
-        request.done[event.pid] = event
+        request.done[end.pid] = end
         self._check_acknowledged(request, now)
 
     def _check_acknowledged(self, request: SaveRequest, now: Now) -> None:
@@ -595,11 +667,8 @@ class Controller:
             self.obs.record_save(duration, now.wall, request.save_started_at)
         else:
             self.obs.record_requested_save(duration, now.wall, request.save_started_at)
-        self.any_save_completed = True
         self.request = None
-        step = max(m.step for m in messages)
-        self.last_saved_step = step
-        self._save_completed_log(step, messages, now, requested=True, kind=request.kind)
+        self._save_completed(max(m.step for m in messages), messages, now, requested=True, kind=request.kind)
         if self.mode is Mode.DRAINING:
             self._ack_until = None
             self._begin_stop(f"checkpoint complete after {request.reason}", EXIT_CHECKPOINTED, now)
@@ -612,16 +681,17 @@ class Controller:
         if request.reason == "manual":
             return  # a save by hand changes nothing in the plan
         if request.kind in ("insurance", "final"):
-            self.saves_done += 1
+            self.deadline_saves_done += 1
         self.plan = None
         self._logged_signal_at = None  # the next plan is a new save: always log it
         self._replan(now)
 
-    def _save_completed_log(
+    def _save_completed(
         self, step: int, messages: list[SaveEnd], now: Now, *, requested: bool, kind: str = ""
     ) -> None:
-        self.saves_completed += 1
-        self.last_checkpoint_at = now.wall
+        """A checkpoint of `step` is complete: count it, log it, keep the job's state."""
+        self.saves_completed_total += 1
+        self.last_checkpoint = Checkpoint(step, now.wall)
         self._check_stop_budget()
         paths = sorted({m.path for m in messages if m.path})
         self._log(
@@ -630,6 +700,11 @@ class Controller:
             path=paths[0] if len(paths) == 1 else (paths or None),
             remaining_s=self._remaining(now),
         )
+        self._keep_state()  # a new save measured: the next run plans with it even if this one dies
+
+    def _keep_state(self) -> None:
+        obs = self.obs
+        self._out.append(KeepState(tuple(obs.intervals), tuple(d for _, d in obs.saves), tuple(obs.blocking)))
 
     def _check_stop_budget(self) -> None:
         """A stop the platform cuts short (SIGKILL after `--stop-budget`) loses the checkpoint
@@ -652,12 +727,17 @@ class Controller:
                   "--stop-grace if the trainer exits sooner")
 
     # ------------------------------------------------------------------ signals to esiwrap
-    def _on_signal_received(self, event: SignalReceived, now: Now) -> None:
-        handler = getattr(self, "_handle_" + event.name.lower(), None)
-        if handler is not None:
-            handler(now)
-        else:
-            self._forward(event.name)
+    def _on_signal_received(self, received: SignalReceived, now: Now) -> None:
+        """esiwrap's own signals (`esiwrap.signals.USED`); every other one goes to the child."""
+        match received.name:
+            case "SIGINT":
+                self._handle_sigint(now)
+            case "SIGTERM":
+                self._handle_sigterm(now)
+            case "SIGUSR1":
+                self._handle_sigusr1(now)
+            case other:
+                self._forward(other)
 
     def _handle_sigint(self, now: Now) -> None:
         self._sigints += 1
@@ -688,18 +768,15 @@ class Controller:
         if self.mode in (Mode.RUNNING, Mode.CONTINUING) and self.request is None:
             self._request_save("manual", now)
 
-    def _handle_sigchld(self, now: Now) -> None:
-        """Reaping is the shell's; it reports what it found as ChildExited."""
-
     def _forward(self, name: str) -> None:
         if self.child_pid is not None and self.child_status is None:
             self._out.append(SendSignal((self.child_pid,), name))
 
     # ------------------------------------------------------------------ deadline
-    def _on_deadline_answers(self, event: DeadlineAnswers, now: Now) -> None:
+    def _on_deadline_answers(self, given: DeadlineAnswers, now: Now) -> None:
         self.deadline_pending = False
         capacity_before = self.obs.capacity
-        for answer in event.answers:
+        for answer in given.answers:
             if answer.capacity is not None:
                 self._capacities[answer.source] = answer.capacity
             if answer.source.startswith(NODE_PREFIX):
@@ -751,9 +828,9 @@ class Controller:
                       **new.detail)
         later = old is None or new.at > old.at
         if self.mode is Mode.CONTINUING and later:
-            self.mode, self.saves_done = Mode.RUNNING, 0  # a renewal: plan against it afresh
+            self.mode, self.deadline_saves_done = Mode.RUNNING, 0  # a renewal: plan against it afresh
         elif old is not None and later and self._renewal_fits_insurance(new.at, now):
-            self.saves_done, self.plan = 0, None  # renewed after a save: insure the new stretch too
+            self.deadline_saves_done, self.plan = 0, None  # renewed after a save: insure the new stretch too
             self._warned_too_close = False
         if new.at <= now.wall and self.mode in (Mode.RUNNING, Mode.SAVE_REQUESTED):
             self._deadline_already_passed(now)
@@ -762,7 +839,7 @@ class Controller:
 
     def _renewal_fits_insurance(self, deadline: float, now: Now) -> bool:
         """A later deadline while running, after a save: is there room for a new insurance save?"""
-        if self.mode is not Mode.RUNNING or self.saves_done == 0:
+        if self.mode is not Mode.RUNNING or self.deadline_saves_done == 0:
             return False
         return renewal_reopens_insurance(deadline, self.obs, self.config.policy, now.wall)
 
@@ -776,10 +853,10 @@ class Controller:
             self._drain(now)
 
     def _deadline_reached(self, now: Now) -> None:
-        if self.any_save_completed:
+        if self.last_checkpoint is not None:
             self._begin_stop("deadline reached", EXIT_CHECKPOINTED, now)
             return
-        self.saves_missed += 1
+        self.saves_missed_total += 1
         self._log("error", ev.SAVE_MISSED, remaining_s=self._remaining(now))
         self._begin_stop("deadline passed without an acknowledged save", EXIT_SAVE_MISSED, now)
 
@@ -787,7 +864,8 @@ class Controller:
     def _replan(self, now: Now) -> None:
         if self.mode is not Mode.RUNNING or self.deadline is None:
             return
-        plan = replan(self.deadline.at, self.obs, self.config.policy, self.saves_done, self.plan, now.wall)
+        plan = replan(self.deadline.at, self.obs, self.config.policy, self.deadline_saves_done, self.plan,
+                      now.wall)
         if plan is None:
             self._no_further_save(now)
             return
@@ -887,7 +965,8 @@ class Controller:
 
     def _progress_is_saved(self) -> bool:
         """A completed save holds the latest step: nothing would be gained by another."""
-        return self.last_saved_step is not None and self.last_saved_step >= (self.obs.last_step or 0)
+        checkpoint = self.last_checkpoint
+        return checkpoint is not None and checkpoint.step >= (self.obs.last_step or 0)
 
     # ------------------------------------------------------------------ draining
     def _drain(self, now: Now) -> None:
@@ -914,7 +993,7 @@ class Controller:
                 self._extend_stop_timeout(now)
                 return
         self._ack_until = None
-        self.saves_missed += 1
+        self.saves_missed_total += 1
         self._log("warning", ev.SAVE_MISSED, remaining_s=self._remaining(now),
                   reason="no acknowledgement within --stop-grace")
         if self._progress_is_saved():
@@ -997,8 +1076,9 @@ class Controller:
     def snapshot(self, now: Now, run_id: str, pid: int) -> Snapshot:
         """What esiwrap knows now, as one value: the metrics, the status file, `esiwrap status`."""
         plan = self.plan if self.mode is Mode.RUNNING else None
-        deadline = self.deadline
-        checkpoint = self.obs.checkpoint_at  # the boundary the last checkpoint holds (or the start)
+        deadline, request = self.deadline, self.request
+        boundary = self.obs.checkpoint_at  # the boundary the last checkpoint holds (or the start)
+        checkpoint = self.last_checkpoint
         return Snapshot(
             time=now.wall, run_id=run_id, pid=pid, child_pid=self.child_pid, phase=self.mode.value,
             deadline_at=deadline.at if deadline else None,
@@ -1006,18 +1086,19 @@ class Controller:
             next_save_at=plan.nominal_at if plan else None, next_save_kind=plan.kind if plan else None,
             next_save_reason=plan.why if plan else None, step_estimate_s=self.current_step_estimate_s(),
             save_estimate_s=plan.save_estimate_s if plan else save_estimate_s(self.obs, self.config.policy),
-            last_step=self.obs.last_step, last_checkpoint_at=self.last_checkpoint_at,
-            last_checkpoint_step=self.last_saved_step,
-            work_at_risk_s=max(0.0, now.wall - checkpoint) if checkpoint is not None else None,
-            saves_completed=self.saves_completed, saves_failed=self.saves_failed,
-            saves_missed=self.saves_missed, trainers=len(self.trainers),
+            last_step=self.obs.last_step,
+            last_checkpoint_at=checkpoint.completed_at if checkpoint else None,
+            last_checkpoint_step=checkpoint.step if checkpoint else None,
+            work_at_risk_s=max(0.0, now.wall - boundary) if boundary is not None else None,
+            saves_completed=self.saves_completed_total, saves_failed=self.saves_failed_total,
+            saves_missed=self.saves_missed_total, trainers=len(self.trainers),
+            deadline_pending=self.deadline_pending,
+            requested_save_kind=request.kind if request else None,
+            saving_step=max(request.begun.values()) if request and request.begun else None,
+            stop_reason=self.stop.reason if self.stop else None,
         )
 
 
 def _round(value: float) -> float | None:
     """Three decimals for the log; None instead of a value JSON cannot carry (NaN, inf)."""
     return round(value, 3) if math.isfinite(value) else None
-
-
-def _snake(name: str) -> str:
-    return "".join("_" + c.lower() if c.isupper() else c for c in name).lstrip("_")

@@ -4,7 +4,7 @@ A `Trace` is one run's facts, fixed before the replay: how long each step takes,
 each step's boundary takes (all of it for a synchronous save; the blocking part apart for an
 asynchronous one), the deadline and its changes as they were announced, and when the capacity
 really went. `replay` feeds `esiwrap.controller.Controller`, the supervisor's own decision core,
-the events the supervisor would (hello, a step report at each boundary, save begin / snapshot /
+the inputs the supervisor would (hello, a step report at each boundary, save begin / snapshot /
 end, deadline answers, a wake-up at every timer it asks for) and carries out its actions: the save
 signal raises the trainer's flag, seen at the trainer's next boundary (one sent while a step report
 is handled is seen at the boundary after), and any stop ends training. The run keeps what its last
@@ -168,8 +168,8 @@ class _Shell:
     def stopped(self) -> bool:
         return self.stopped_at is not None
 
-    def feed(self, event: core.Event) -> None:
-        self._apply(self.controller.handle(event, Now(self.now, self.now)))
+    def feed(self, input_: core.Input) -> None:
+        self._apply(self.controller.handle(input_, Now(self.now, self.now)))
 
     def _apply(self, actions: list[core.Action]) -> None:
         probed = False

@@ -4,8 +4,10 @@ One thread, one selector. The loop blocks on the signal wakeup socket, the train
 deadline watcher's wake socket, a pidfd per attached trainer and (while stopping) pidfds of the
 child's tree, with a timeout the controller sets (`wake_at`). Signal handlers do nothing in
 Python: `signal.set_wakeup_fd` writes the signal number to the wakeup socket. Everything that
-happens becomes an event for the controller, with the time; the controller's actions (signal
-these PIDs, stop the child, log, exit) are carried out here. Nothing here decides.
+happens becomes an input for the controller, with the time; the controller's actions (signal
+these PIDs, stop the child, log, keep the job's state, check the tree, exit) are carried out here.
+Nothing here decides, and nothing here reads the controller's state but its `snapshot` (for the
+status line, the metrics and the status file).
 """
 
 from __future__ import annotations
@@ -23,18 +25,17 @@ from typing import Any
 
 from esiwrap import controller as core
 from esiwrap import events as ev
-from esiwrap import process, state, systemd
+from esiwrap import messages, process, state, systemd
 from esiwrap.channel import ChannelServer, Message
-from esiwrap.choices import AfterSave, OnSigterm
 from esiwrap.controller import Controller, ControllerConfig, Now
 from esiwrap.deadline import Source, ask, remote
 from esiwrap.envvars import RUN_ID_ENV, SIGNAL_ENV, SOCKET_ENV
 from esiwrap.errors import EXIT_FAILURE, CommandError, Halt
-from esiwrap.integrations import bootstrap_dir
 from esiwrap.log import get_logger
 from esiwrap.observe import Observer, ObserveSettings
-from esiwrap.policy import PolicyConfig
+from esiwrap.paths import bootstrap_dir
 from esiwrap.signals import HANDLED, signal_label, signal_number
+from esiwrap.snapshot import Snapshot
 from esiwrap.storage import StorageProber
 from esiwrap.tree import ProcessTree
 from esiwrap.watcher import DeadlineWatcher
@@ -50,28 +51,10 @@ RESERVED_HELLO_KEYS = frozenset({"type", "pid", "event", "level", "timestamp", "
 @dataclass(frozen=True)
 class SupervisorConfig:
     argv: Sequence[str]
-    policy: PolicyConfig = field(default_factory=PolicyConfig)
-    save_signal: int = signal.SIGUSR1
-    stop_signal: int = signal.SIGTERM
-    stop_grace_s: float = 30.0
-    after_save: AfterSave = "stop"
-    on_sigterm: OnSigterm = "checkpoint"
-    signal_child: bool = False
+    controller: ControllerConfig = field(default_factory=ControllerConfig)  # `options.controller_config`
     run_id: str = ""
     state_file: str | None = None
-    stop_budget_s: float | None = None
-    probe_storage: bool = True
     settings: Mapping[str, Any] = field(default_factory=dict)  # the run options, logged at start
-
-    def controller_config(self) -> ControllerConfig:
-        return ControllerConfig(
-            policy=self.policy, save_signal=signal_label(self.save_signal),
-            stop_signal=signal_label(self.stop_signal), stop_grace_s=self.stop_grace_s,
-            after_save=self.after_save, on_sigterm=self.on_sigterm, signal_child=self.signal_child,
-            stop_budget_s=self.stop_budget_s, probe_storage=self.probe_storage,
-            # the state file lives next to the checkpoints: its storage, when no trainer names one
-            probe_dir=os.path.dirname(self.state_file) if self.state_file else None,
-        )
 
 
 class Supervisor:
@@ -87,10 +70,12 @@ class Supervisor:
         self.log = get_logger()
         self._job_state, state_note = _load_state(config.state_file, clock())
         prior = self._job_state.prior() if self._job_state is not None else None
-        self.controller = Controller(config.controller_config(), prior=prior)
+        self.controller = Controller(config.controller, prior=prior)
         self._state_note = state_note  # logged once the child runs
-        self._saves_kept = 0
         self._state_failed = False
+        self._child_pid: int | None = None  # what we spawned...
+        self._child_reaped = False  # ...and whether its exit was collected
+        self._stopping = False  # the controller asked for the tree to be checked: it stops for good
         self._environ = dict(os.environ if environ is None else environ)
         self._clock = clock
         # Sources whose answer cannot change are local and instant: asked before the child starts.
@@ -140,14 +125,14 @@ class Supervisor:
         assert self._channel is not None
         env = child_environment(self._environ, self._channel.path, self.config)
         process.become_subreaper()
-        pid = process.spawn(self.config.argv, env, death_signal=signal.SIGTERM)
+        pid = self._child_pid = process.spawn(self.config.argv, env, death_signal=signal.SIGTERM)
         self._feed(core.ChildStarted(pid, tuple(self.config.argv), self.config.settings))
         if self._state_note is not None:
             level, event, fields = self._state_note
             getattr(self.log, level)(event, **fields)
         if self._static:  # known before READY, so the first status line already has the deadline
             self._feed(core.DeadlineAnswers(tuple(ask(s, self._clock()) for s in self._static)))
-        self._systemd.ready(*self._status_parts(), time.monotonic())
+        self._systemd.ready(*systemd.status_parts(self._snapshot()), time.monotonic())
         self._selector.register(self._signal_r, selectors.EVENT_READ, self._on_signal_bytes)
         self._selector.register(self._wake_r, selectors.EVENT_READ, self._on_watcher_wake)
         self._selector.register(self._channel, selectors.EVENT_READ, self._on_channel)
@@ -163,7 +148,7 @@ class Supervisor:
         self._observer.close()
         self._watcher.stop()
         self._prober.stop()
-        self._keep_state(final=True)
+        self._apply(self.controller.finish(self._now()))  # the job's state, kept once more
         for signum, handler in self._old_handlers.items():
             with contextlib.suppress(ValueError, TypeError):
                 signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
@@ -183,16 +168,18 @@ class Supervisor:
             for key, _ in self._selector.select(self._next_timeout()):
                 key.data(key)
             self._apply(self.controller.tick(self._now()))
-            if self._stopping():
-                self._check_tree()
-            self._tell_systemd()
-            self._publish()
+            snapshot = self._snapshot()
+            self._tell_systemd(snapshot)
+            self._publish(snapshot)
 
-    def _publish(self) -> None:
+    def _snapshot(self) -> Snapshot:
+        return self.controller.snapshot(self._now(), self.config.run_id, os.getpid())
+
+    def _publish(self, snapshot: Snapshot) -> None:
         """The metrics file and endpoint, the status file: the controller's state as of now."""
-        now = self._now()
-        self._observer.tick(now.mono)
-        self._observer.update(self.controller.snapshot(now, self.config.run_id, os.getpid()), now.mono)
+        mono = time.monotonic()
+        self._observer.tick(mono)
+        self._observer.update(snapshot, mono)
 
     def _now(self) -> Now:
         return Now(self._clock(), time.monotonic())
@@ -202,7 +189,7 @@ class Supervisor:
         due = self.controller.wake_at(self._now())
         if due is not None:
             waits.append(due)
-        if self._stopping() and not HAS_PIDFD:
+        if self._stopping and not HAS_PIDFD:
             waits.append(POLL_WITHOUT_PIDFD_S)
         mono = time.monotonic()
         observer_due = self._observer.next_wake(mono)
@@ -210,31 +197,22 @@ class Supervisor:
             waits.append(observer_due - mono)
         return max(0.0, min(waits))
 
-    def _feed(self, event: core.Event) -> None:
-        self._apply(self.controller.handle(event, self._now()))
-        self._keep_state()
+    def _feed(self, input_: core.Input) -> None:
+        self._apply(self.controller.handle(input_, self._now()))
 
     # ------------------------------------------------------------------ the job's state file
-    def _keep_state(self, final: bool = False) -> None:
-        """Write what this run measured to --state-file after every save, and once at the end."""
-        obs = self.controller.obs
+    def _keep_state(self, kept: core.KeepState) -> None:
+        """Write what this run measured to --state-file (the controller says when)."""
         path = self.config.state_file
-        if path is None or self._state_failed or not (len(obs.saves) > self._saves_kept or final):
+        if path is None or self._state_failed:
             return
-        if final and not obs.saves and obs.last_step is None:
-            return  # nothing measured: leave the file as it is
-        self._saves_kept = len(obs.saves)
         base = self._job_state or state.JobState()
-        after = base.after_run(obs.intervals, [d for _, d in obs.saves], obs.blocking, self._clock(),
-                               self.config.argv)
+        after = base.after_run(kept.steps, kept.saves, kept.blocking, self._clock(), self.config.argv)
         try:
             state.write_atomic(path, state.render(after))
         except OSError as exc:
             self._state_failed = True  # once: a full disk must not flood the log or stop training
             self.log.warning(ev.STATE_NOT_SAVED, path=path, error=f"{exc.strerror or exc}")
-
-    def _stopping(self) -> bool:
-        return self.controller.mode in (core.Mode.STOPPING, core.Mode.KILLING)
 
     # ------------------------------------------------------------------ carrying out actions
     def _apply(self, actions: Sequence[core.Action]) -> None:
@@ -252,6 +230,11 @@ class Supervisor:
                 self._kill_tree()
             elif isinstance(action, core.TermLeftovers):
                 process.signal_all(self._tree.remaining(), signal.SIGTERM)
+            elif isinstance(action, core.CheckTree):
+                self._stopping = True
+                self._check_tree()
+            elif isinstance(action, core.KeepState):
+                self._keep_state(action)
             elif isinstance(action, core.NotifyStopping):
                 self._systemd.stopping()
             elif isinstance(action, core.ExtendStopTimeout):
@@ -262,7 +245,7 @@ class Supervisor:
                 raise Halt(action.reason, action.code)
 
     def _stop_child(self, name: str | None) -> None:
-        child = self.controller.child_pid
+        child = self._child_pid
         if child is None:
             return
         self._tree.snapshot(child)
@@ -277,9 +260,10 @@ class Supervisor:
         process.signal_all(remaining, signal.SIGKILL)
 
     def _forward_stop_signal(self) -> None:
-        child = self.controller.child_pid
-        if child is not None and self.controller.child_status is None:
-            process.send(child, self.config.stop_signal)
+        child = self._child_pid
+        signum = signal_number(self.config.controller.stop_signal)
+        if child is not None and not self._child_reaped and signum is not None:
+            process.send(child, signum)
 
     def _check_tree(self) -> None:
         """While stopping: reap, watch what is left, and tell the controller how much that is."""
@@ -318,35 +302,35 @@ class Supervisor:
     def _on_channel(self, _: selectors.SelectorKey) -> None:
         assert self._channel is not None
         for message in self._channel.receive():
-            event = self._event_of(message)
-            if event is not None:
-                self._feed(event)
+            input_ = self._input_of(message)
+            if input_ is not None:
+                self._feed(input_)
 
-    def _event_of(self, message: Message) -> core.Event | None:
+    def _input_of(self, message: Message) -> core.Input | None:
         step = message.get_int("step")
-        if message.type == "hello":
+        if message.type == messages.HELLO:
             return self._hello(message)
-        if message.type == "bye":
+        if message.type == messages.BYE:
             self._forget_trainer(message.pid)
             return core.TrainerGone(message.pid)
-        if message.type == "step":
+        if message.type == messages.STEP:
             return core.Step(message.pid, step, _finite(message.get_float("duration_s")))
-        if message.type == "checkpoint":
+        if message.type == messages.CHECKPOINT:
             size = _positive(message.get_float("bytes"))
             return core.CheckpointSize(message.pid, size) if size is not None else None
         peer = message.get_bool("peer", False)  # another node's esiwrap asked for this save
-        if message.type == "save_begin":
+        if message.type == messages.SAVE_BEGIN:
             return core.SaveBegin(message.pid, step, peer=peer)
-        if message.type == "save_snapshot":
+        if message.type == messages.SAVE_SNAPSHOT:
             return core.SaveSnapshot(message.pid, step, _finite(message.get_float("duration_s")), peer=peer)
-        if message.type == "save_end":
+        if message.type == messages.SAVE_END:
             return core.SaveEnd(
                 message.pid, step, ok=message.get_bool("ok", True),
                 duration_s=_finite(message.get_float("duration_s")), path=message.get_str("path"),
                 error=message.get_str("error"), peer=peer,
             )
-        if message.type == "deadline":  # another node's answer, relayed by a Ray driver (ray_nodes)
-            answer = remote.from_fields(message.fields)
+        if message.type == messages.DEADLINE:  # another node's answer, relayed by a Ray driver (ray_nodes)
+            answer = remote.from_fields(message.fields, self._clock())
             return core.DeadlineAnswers((answer,)) if answer is not None else None
         return None
 
@@ -400,37 +384,20 @@ class Supervisor:
                 return
             if pid == 0:
                 return
-            if pid == self.controller.child_pid:
+            if pid == self._child_pid:
+                self._child_reaped = True
                 self._forget_trainer(pid)
                 self._feed(_child_exited(pid, status))
             elif pid in self._trainer_fds:
                 self._trainer_exited(pid)
 
     # ------------------------------------------------------------------ systemd
-    def _tell_systemd(self) -> None:
+    def _tell_systemd(self, snapshot: Snapshot) -> None:
         """STATUS= when it changed, WATCHDOG=1 when due; both do nothing outside systemd."""
         if self._systemd.enabled:
             mono = time.monotonic()
-            self._systemd.status(*self._status_parts(), mono)
+            self._systemd.status(*systemd.status_parts(snapshot), mono)
             self._systemd.ping_if_due(mono)
-
-    def _status_parts(self) -> tuple[str, str]:
-        c = self.controller
-        request, plan, deadline = c.request, c.plan, c.deadline
-        return systemd.status_parts(systemd.StatusFacts(
-            now=self._clock(), phase=c.mode.value,
-            deadline_at=deadline.at if deadline else None,
-            source=deadline.source if deadline else None,
-            deadline_pending=c.deadline_pending,
-            plan_kind=plan.kind if plan else None,
-            signal_at=plan.nominal_at if plan else None,
-            request_kind=request.kind if request else None,
-            saving_step=max(request.begun.values()) if request and request.begun else None,
-            last_saved_step=c.last_saved_step, last_step=c.obs.last_step,
-            step_estimate_s=c.current_step_estimate_s(),
-            stop_reason=c.stop.reason if c.stop else None,
-            awaiting_ack=c.mode is core.Mode.DRAINING,
-        ))
 
 
 def _load_state(path: str | None, now: float) -> tuple[state.JobState | None, LogNote | None]:
@@ -472,7 +439,7 @@ def child_environment(base: Mapping[str, str], socket_path: str, config: Supervi
     esiwrap's alone), plus where to find us and which signal means "save"."""
     env = {key: value for key, value in base.items() if key not in systemd.CHILD_UNSET}
     env[SOCKET_ENV] = socket_path
-    env[SIGNAL_ENV] = signal_label(config.save_signal)
+    env[SIGNAL_ENV] = config.controller.save_signal
     # Zero-code hooks (verl): our sitecustomize first, inert without the variables above.
     env["PYTHONPATH"] = os.pathsep.join(p for p in (bootstrap_dir(), base.get("PYTHONPATH", "")) if p)
     if config.run_id:

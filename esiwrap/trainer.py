@@ -25,6 +25,7 @@ from contextlib import contextmanager
 from types import FrameType
 from typing import Any
 
+from esiwrap import messages
 from esiwrap.channel import ChannelClient
 from esiwrap.signals import save_signal
 
@@ -119,7 +120,7 @@ def install(
     nodes = _nodes(world_size)
     if nodes > 1:
         fields["nodes"] = nodes
-    _state.client.send("hello", **fields)
+    _state.client.send(messages.HELLO, **fields)
 
 
 def _checkpoint_fields(nbytes: float | None, directory: str | os.PathLike[str] | None,
@@ -147,7 +148,7 @@ def report_checkpoint_bytes(nbytes: float) -> None:
     """Tell esiwrap (again) what this process writes of a checkpoint: once the optimizer's state
     exists, or when the checkpoint grows. Never blocks or raises."""
     if nbytes > 0:
-        _state.client.send("checkpoint", bytes=float(nbytes))
+        _state.client.send(messages.CHECKPOINT, bytes=float(nbytes))
 
 
 def checkpoint_bytes(*objects: Any) -> int:
@@ -250,7 +251,7 @@ def step_done(step: int) -> None:
     now = time.monotonic()
     duration_s = now - _state.last_boundary
     _state.last_boundary = now
-    _state.client.send("step", step=int(step), duration_s=round(duration_s, 6))
+    _state.client.send(messages.STEP, step=int(step), duration_s=round(duration_s, 6))
 
 
 @contextmanager
@@ -276,7 +277,7 @@ def save_started(step: int) -> None:
     """Report that a checkpoint write begins (for callbacks, where a `with` block cannot span
     the hooks that start and end the write; `saving()` is this pair around a block)."""
     _state.save_started_at = time.monotonic()
-    _state.client.send("save_begin", step=int(step), **_peer_field())
+    _state.client.send(messages.SAVE_BEGIN, step=int(step), **_peer_field())
 
 
 def save_snapshotted(step: int) -> None:
@@ -285,8 +286,8 @@ def save_snapshotted(step: int) -> None:
     The request is served: it is cleared. Call `save_finished` once the write is durable."""
     started = _state.save_started_at if _state.save_started_at is not None else time.monotonic()
     clear()
-    _state.client.send("save_snapshot", step=int(step), duration_s=round(time.monotonic() - started, 6),
-                       **_peer_field())
+    _state.client.send(messages.SAVE_SNAPSHOT, step=int(step),
+                       duration_s=round(time.monotonic() - started, 6), **_peer_field())
 
 
 def save_finished(step: int, path: str | os.PathLike[str] | None = None, *,
@@ -315,7 +316,7 @@ def save_finished(step: int, path: str | os.PathLike[str] | None = None, *,
         request_save()
     else:
         clear()
-    _state.client.send("save_end", **fields)
+    _state.client.send(messages.SAVE_END, **fields)
 
 
 class AsyncSave:

@@ -16,12 +16,16 @@ import shlex
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from esiwrap import events as ev
 from esiwrap.deadline.value import iso_epoch
 from esiwrap.errors import UsageError
+from esiwrap.options import RUN_OPTIONS, build_run_parser, controller_config, resolve_options
 from esiwrap.replay import DeadlineChange, Outcome, Trace, replay
+
+if TYPE_CHECKING:
+    from esiwrap.controller import ControllerConfig
 
 Event = dict[str, Any]
 
@@ -197,16 +201,14 @@ def _run_settings(run: Sequence[Event]) -> dict[str, Any]:
     return dict(settings) if isinstance(settings, dict) else {}
 
 
-def _controller_config(settings: Mapping[str, Any], options: str) -> Any:
+def _controller_config(settings: Mapping[str, Any], options: str) -> ControllerConfig:
     """The run's settings (defaults where the log has none), with `options` on top."""
-    from esiwrap import cli
-
     try:
         words = shlex.split(options)
     except ValueError as exc:
         msg = f"--what-if {options!r}: {exc}; quote like a shell, e.g. --what-if '--redundant-time 60'"
         raise WhatIfError(msg) from None
-    parser = cli.build_run_parser()
+    parser = build_run_parser()
 
     def refuse(message: str) -> NoReturn:
         msg = f"--what-if {options!r}: {message}; e.g. --what-if '--redundant-time 60'"
@@ -217,16 +219,16 @@ def _controller_config(settings: Mapping[str, Any], options: str) -> Any:
     if ns.command:
         msg = f"--what-if {options!r}: only esiwrap's run options, no command"
         raise WhatIfError(msg)
-    given = {opt.dest for opt in cli.RUN_OPTIONS if getattr(ns, opt.dest, None) is not None}
+    given = {opt.dest for opt in RUN_OPTIONS if getattr(ns, opt.dest, None) is not None}
     try:
-        values = cli.resolve_options(ns, cli.RUN_OPTIONS, {})
+        values = resolve_options(ns, RUN_OPTIONS, {})
     except UsageError as exc:
         msg = f"--what-if {options!r}: {exc}"
         raise WhatIfError(msg) from None
-    for opt in cli.RUN_OPTIONS:
+    for opt in RUN_OPTIONS:
         if opt.dest not in given and opt.flag in settings:
             values[opt.dest] = settings[opt.flag]
-    return cli.supervisor_config([], values).controller_config()
+    return controller_config(values)
 
 
 def _first(run: Sequence[Event], *names: str) -> Event:

@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 
 from esiwrap.channel import ChannelServer
-from esiwrap.integrations import OUR_RAY_ENV_HOOK, bootstrap_dir
+from esiwrap.integrations import OUR_RAY_ENV_HOOK
 from esiwrap.integrations.importhook import when_imported
+from esiwrap.paths import bootstrap_dir
 from esiwrap.supervisor import SupervisorConfig, child_environment
 
 HEAVY = ("verl", "ray", "torch", "psutil", "structlog", "esiwrap.channel", "esiwrap.integrations.ray_relay")

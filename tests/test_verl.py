@@ -27,7 +27,7 @@ from esiwrap_harness import PYTHON, ROOT, EsiwrapRun, free_port, processes_with_
 from ray_cluster import RayNode, cluster_up, node_environment, ray_env
 
 from esiwrap.errors import EXIT_CHECKPOINTED
-from esiwrap.integrations import bootstrap_dir
+from esiwrap.paths import bootstrap_dir
 
 DRIVER = ROOT / "tests" / "verl_driver.py"
 RAY_TIMEOUT_S = 240.0  # importing verl in a fresh Ray worker is slow on a busy CI machine

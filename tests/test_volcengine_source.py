@@ -15,7 +15,7 @@ from fakes.volcengine_api import ACCESS_DENIED, THROTTLED, Failure, FakeVolcengi
 
 from esiwrap.deadline import ask, parse_iso
 from esiwrap.deadline.metadata import VOLCENGINE, MetadataClient, Timeouts
-from esiwrap.deadline.volcengine import INSTALL_HINT, VolcengineSettings, VolcengineSource
+from esiwrap.deadline.volcengine_api import INSTALL_HINT, VolcengineSettings, VolcengineSource
 
 pytestmark = pytest.mark.usefixtures("volcengine_credentials")
 
@@ -205,10 +205,11 @@ def test_help_and_core_do_not_import_the_sdk() -> None:
     code = (
         "import sys, contextlib, io\n"
         "from esiwrap.cli import main\n"
-        "from esiwrap.deadline.registry import DEFAULT_SOURCES, SourceSettings, build_sources\n"
+        "from esiwrap.deadline.registry import DEFAULT_SOURCES, build_sources\n"
+        "from esiwrap.options import source_values\n"
         "with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):\n"
         "    main(['--help'])\n"
-        "build_sources(DEFAULT_SOURCES, SourceSettings(metadata_url='http://127.0.0.1:9'), {}, 0.0)\n"
+        "build_sources(DEFAULT_SOURCES, source_values(metadata_url='http://127.0.0.1:9'), {}, 0.0)\n"
         "print(sorted(m for m in sys.modules if m.startswith('volcengine')))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -25,8 +25,9 @@ import signal
 import sys
 import threading
 
+from esiwrap import messages
 from esiwrap.envvars import CHAINED_RAY_ENV_HOOK, CHAINED_SETUP_HOOK_ENV, RELAY_ENV, SIGNAL_ENV
-from esiwrap.integrations import package_dir
+from esiwrap.paths import package_dir
 from esiwrap.signals import save_signal
 
 TYPE_CHECKING = False  # workers import this at start-up: the typing module only for mypy
@@ -157,7 +158,7 @@ class _Driver:
             "rank": 0, "world_size": 1, "signal": handled, "stop_signal": "SIGINT",
             "integration": "verl", "role": "ray-driver", "ray_version": ray.__version__,
         }
-        self.client.send("hello", saves=False, **self.base_hello)
+        self.client.send(messages.HELLO, saves=False, **self.base_hello)
         self._thread = threading.Thread(target=self._run, name="esiwrap-relay", daemon=True)
         self._thread.start()
         return self.relay_id
@@ -208,16 +209,16 @@ class _Driver:
         from esiwrap.integrations.ray_nodes import ClusterWatch
 
         client = ChannelClient.from_env()
-        ClusterWatch(lambda fields: client.send("deadline", **fields)).start()
+        ClusterWatch(lambda fields: client.send(messages.DEADLINE, **fields)).start()
 
     def _forward(self, message: dict[str, Any]) -> None:
         kind = str(message.pop("type", ""))
         origin = message.pop("pid", None)
-        if kind == "hello":
+        if kind == messages.HELLO:
             fields = {k: v for k, v in message.items() if k not in HELLO_FIELDS_OWNED_BY_DRIVER}
             fields = {**fields, **self.base_hello, "role": "ray-driver, relaying the verl loop"}
             fields["relayed_from"] = {"pid": origin, "node": message.get("node")}
-            self.client.send("hello", saves=True, **fields)
+            self.client.send(messages.HELLO, saves=True, **fields)
         elif kind:
             self.client.send(kind, **message)
 

@@ -30,6 +30,7 @@ import os
 import sys
 import time
 
+from esiwrap import messages
 from esiwrap.envvars import SOCKET_ENV
 from esiwrap.integrations import VERL_LEGACY_MODULES, VERL_V1_MODULE
 
@@ -106,7 +107,7 @@ class _Loop:
         self.kind = kind
         verl = sys.modules.get("verl")
         transport.send(
-            "hello", rank=0, world_size=1, saves=True, signal=not relayed, integration="verl",
+            messages.HELLO, rank=0, world_size=1, saves=True, signal=not relayed, integration="verl",
             verl_version=getattr(verl, "__version__", "unknown"), loop=kind,
             trainer=type(trainer).__qualname__ if trainer is not None else "", node=_node_ip(),
             **_checkpoint_facts(trainer),
@@ -128,7 +129,7 @@ class _Loop:
         assert self.transport is not None
         now = time.monotonic()
         if self.last_boundary is not None:
-            self.transport.send("step", step=int(step), duration_s=round(now - self.last_boundary, 6))
+            self.transport.send(messages.STEP, step=int(step), duration_s=round(now - self.last_boundary, 6))
         self.last_boundary = now
         self._finish_pending()
 
@@ -141,13 +142,13 @@ class _Loop:
         root = str(trainer.config.trainer.default_local_dir)
         path = os.path.join(root, f"global_step_{step}")
         requests = self._request_count()
-        transport.send("save_begin", step=step)
+        transport.send(messages.SAVE_BEGIN, step=step)
         started = time.monotonic()
         self.depth += 1
         try:
             result = original(trainer, *args, **kwargs)
         except BaseException as exc:
-            transport.send("save_end", step=step, ok=False, path=path, error=repr(exc)[:500],
+            transport.send(messages.SAVE_END, step=step, ok=False, path=path, error=repr(exc)[:500],
                            duration_s=round(time.monotonic() - started, 6))
             raise  # the request stays: the next boundary tries again
         finally:
@@ -169,7 +170,7 @@ class _Loop:
         still = []
         for save in self.pending:
             if _tracker_holds(str(save.trainer.config.trainer.default_local_dir), save.step):
-                self.transport.send("save_end", step=save.step, ok=True, path=save.path,
+                self.transport.send(messages.SAVE_END, step=save.step, ok=True, path=save.path,
                                     duration_s=round(time.monotonic() - save.started, 6))
             else:
                 still.append(save)
