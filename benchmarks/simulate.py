@@ -40,12 +40,10 @@ from esiwrap.errors import UsageError
 from esiwrap.options import RUN_OPTIONS, build_run_parser, controller_config, resolve_options
 from esiwrap.policy import quantile
 
-DEFAULT_POLICIES = (
+DEFAULT_POLICIES = (  # esiwrap with other settings: --policy 'esiwrap --no-final-save' and so on
     "verl",
     "verl --esi-redundant-time 120",
     "esiwrap",
-    "esiwrap --no-final-save",
-    "esiwrap --redundant-time 0",
     "oracle",
     "reference",
 )

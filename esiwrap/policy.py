@@ -117,7 +117,11 @@ def quantile(values: Sequence[float], q: float) -> float:
     if not values:
         msg = "quantile of no values"
         raise ValueError(msg)
-    ordered = sorted(values)
+    return sorted_quantile(sorted(values), q)
+
+
+def sorted_quantile(ordered: Sequence[float], q: float) -> float:
+    """`quantile` of values already in ascending order."""
     rank = max(1, math.ceil(q * len(ordered)))
     return ordered[min(rank, len(ordered)) - 1]
 
@@ -140,6 +144,13 @@ class Observations:
         self.capacity = Capacity()
         self._exclude_next_s = 0.0
         self.intervals.extend(self.prior.steps)
+        self._sorted: list[float] | None = None  # the window sorted, until the next step
+
+    def sorted_intervals(self) -> list[float]:
+        """The window in ascending order (computed once per step: every plan reads it)."""
+        if self._sorted is None:
+            self._sorted = sorted(self.intervals)
+        return self._sorted
 
     @property
     def longest_blocking_s(self) -> float | None:
@@ -169,6 +180,7 @@ class Observations:
         interval = max(0.0, duration_s - self._exclude_next_s)
         self._exclude_next_s = 0.0
         self.intervals.append(interval)
+        self._sorted = None
         self.last_step = step
         self.step_started_at = at
         return interval
@@ -200,7 +212,7 @@ class Observations:
 
 def step_estimate_s(obs: Observations, config: PolicyConfig) -> float | None:
     """The quantile of the window, or None before the first interval is known."""
-    return quantile(list(obs.intervals), config.step_quantile) if obs.intervals else None
+    return sorted_quantile(obs.sorted_intervals(), config.step_quantile) if obs.intervals else None
 
 
 def final_step_estimate_s(obs: Observations, config: PolicyConfig, room_s: float) -> float | None:
@@ -215,12 +227,12 @@ def final_step_estimate_s(obs: Observations, config: PolicyConfig, room_s: float
     """
     if not obs.intervals:
         return None
-    values = sorted(obs.intervals)
+    values = obs.sorted_intervals()
     best: tuple[float, float] | None = None
     for q in FINAL_STEP_QUANTILES:
         if q > config.step_quantile and best is not None:
             break
-        step = quantile(values, min(q, config.step_quantile))
+        step = sorted_quantile(values, min(q, config.step_quantile))
         value = q * (room_s - step)
         if best is None or value > best[0]:
             best = (value, step)
