@@ -145,6 +145,9 @@ class Observations:
         self._exclude_next_s = 0.0
         self.intervals.extend(self.prior.steps)
         self._sorted: list[float] | None = None  # the window sorted, until the next step
+        # kept as saves are recorded (only ever appended): every plan reads them
+        self._longest_save: float | None = max(self.prior.saves, default=None)
+        self._longest_blocking: float | None = max(self.prior.blocking, default=None)
 
     def sorted_intervals(self) -> list[float]:
         """The window in ascending order (computed once per step: every plan reads it)."""
@@ -154,8 +157,7 @@ class Observations:
 
     @property
     def longest_blocking_s(self) -> float | None:
-        parts = [*self.blocking, *self.prior.blocking]
-        return max(parts) if parts else None
+        return self._longest_blocking
 
     @property
     def measured(self) -> bool:
@@ -164,8 +166,7 @@ class Observations:
 
     @property
     def longest_save_s(self) -> float | None:
-        durations = [d for _, d in self.saves] + list(self.prior.saves)
-        return max(durations) if durations else None
+        return self._longest_save
 
     def trainer_started(self, at: float) -> None:
         """A trainer attached: its current step began no later than now; the work it resumed from
@@ -189,6 +190,7 @@ class Observations:
         """A completed save (the trainer's own ones too): it feeds the save estimate, and the
         boundary it was taken at is the latest checkpoint."""
         self.saves.append((at, duration_s))
+        self._longest_save = max(duration_s, self._longest_save or duration_s)
         checkpoint = began_at if began_at is not None else at - duration_s
         self.checkpoint_at = max(checkpoint, self.checkpoint_at or checkpoint)
 
@@ -200,6 +202,7 @@ class Observations:
         it, and the running step is taken to begin when training resumed.
         """
         self.blocking.append(blocking_s)
+        self._longest_blocking = max(blocking_s, self._longest_blocking or blocking_s)
         self._exclude_next_s += blocking_s
         self.step_started_at = at
 
