@@ -7,6 +7,7 @@ type names are `esiwrap.messages`):
     {"type": "hello", "pid": P, "rank": 0, "world_size": 1, "saves": true, "signal": true,
      "stop_signal": "SIGINT", "integration": "plain", "version": "..."}
     {"type": "step", "pid": P, "step": N, "duration_s": 1.23}
+    {"type": "checkpoint", "pid": P, "bytes": 1.4e11}   (a checkpoint's size, once known or changed)
     {"type": "save_begin", "pid": P, "step": N}
     {"type": "save_snapshot", "pid": P, "step": N, "duration_s": 0.4}   (asynchronous saves)
     {"type": "save_end", "pid": P, "step": N, "ok": true, "path": "...", "duration_s": 4.5,

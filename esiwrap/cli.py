@@ -646,5 +646,6 @@ def option_docs() -> list[Any]:
     """Every run option as a job's environment file lists it."""
     from esiwrap.systemd.unit import OptionDoc
 
-    return [OptionDoc(opt.env, "" if opt.default is None else opt.default_text, opt.help)
+    # an option with no default is left empty, unless its default has a word (`auto`)
+    return [OptionDoc(opt.env, "" if opt.default is None and opt.show is None else opt.default_text, opt.help)
             for opt in ALL_RUN_OPTIONS]

@@ -34,9 +34,11 @@ from typing import Any, NamedTuple
 from esiwrap import events as ev
 from esiwrap.choices import AfterSave, LogLevel, OnSigterm
 from esiwrap.deadline.chain import Answer, winner
-from esiwrap.deadline.value import Deadline, iso_utc
+from esiwrap.deadline.remote import NODE_PREFIX
+from esiwrap.deadline.value import CapacityKind, Deadline, iso_utc
 from esiwrap.errors import EXIT_CHECKPOINTED, EXIT_FAILURE, EXIT_SAVE_MISSED
 from esiwrap.policy import (
+    Capacity,
     Observations,
     PolicyConfig,
     Prior,
@@ -85,6 +87,8 @@ class ControllerConfig:
     on_sigterm: OnSigterm = "checkpoint"
     signal_child: bool = False
     stop_budget_s: float | None = None  # what the platform gives a stop before SIGKILL, if declared
+    probe_storage: bool = True  # measure the checkpoint storage's speed before the first save
+    probe_dir: str | None = None  # where to probe when no trainer names its checkpoint directory
 
 
 # ---------------------------------------------------------------------------------- inputs
@@ -102,6 +106,29 @@ class Hello(NamedTuple):
     stop_signal: str | None = None
     descendant: bool = True  # the shell checked: the process is in esiwrap's own tree
     fields: Mapping[str, Any] = NO_FIELDS
+    checkpoint_bytes: float | None = None  # what this process writes of a checkpoint, if it said
+    checkpoint_dir: str | None = None  # where its checkpoints go (the storage to probe)
+    resumed_from: str | None = None  # the checkpoint it resumed from (its files are a measurement)
+    nodes: int | None = None  # how many nodes its job spans, if it said (torchrun: world / local)
+
+
+class CheckpointSize(NamedTuple):
+    """A trainer says (again) how many bytes its part of a checkpoint holds."""
+
+    pid: int
+    checkpoint_bytes: float
+
+
+class StorageProbed(NamedTuple):
+    """The shell measured how fast the checkpoint's storage takes writes (a bounded, fsync'd write
+    in the background, or the previous checkpoint's files)."""
+
+    path: str
+    bandwidth_bps: float | None  # None: the probe failed (`error` says why)
+    written_bytes: float = 0.0  # what the probe wrote, or what the previous checkpoint holds
+    seconds: float = 0.0
+    source: str = "probe"  # or "previous checkpoint"
+    error: str = ""
 
 
 class TrainerGone(NamedTuple):
@@ -165,8 +192,8 @@ class TreeChecked(NamedTuple):
 
 
 Input = (
-    ChildStarted | Hello | TrainerGone | Step | SaveBegin | SaveSnapshot | SaveEnd | DeadlineAnswers
-    | SignalReceived | ChildExited | TreeChecked
+    ChildStarted | Hello | CheckpointSize | StorageProbed | TrainerGone | Step | SaveBegin | SaveSnapshot
+    | SaveEnd | DeadlineAnswers | SignalReceived | ChildExited | TreeChecked
 )
 
 
@@ -224,12 +251,23 @@ class Exit(NamedTuple):
     reason: str
 
 
-TRAINER_REPORTS = (Step, SaveBegin, SaveSnapshot, SaveEnd)
+class ProbeStorage(NamedTuple):
+    """Measure, off the loop, how fast `path`'s filesystem takes a bounded fsync'd write, and what
+    the checkpoint `previous` (if any) holds and how long its files took to write; report each as
+    StorageProbed."""
+
+    path: str | None
+    previous: str | None = None
+    max_bytes: int | None = None  # write no more than this (a checkpoint smaller than the probe)
+
+
+TRAINER_REPORTS = (Step, SaveBegin, SaveSnapshot, SaveEnd, CheckpointSize)
 
 Action = (
     SendSignal | StopChild | KillTree | TermLeftovers | CheckTree | Log | NotifyStopping | ExtendStopTimeout
-    | KeepState | Exit
+    | KeepState | Exit | ProbeStorage
 )
+PROBE_REPEAT_S = 6 * 3600.0  # while no save is measured, probe the storage again this often
 
 
 # ---------------------------------------------------------------------------------- state
@@ -243,6 +281,7 @@ class Trainer:
     signal: bool
     stop_signal: str | None
     attached_at: float
+    checkpoint_bytes: float | None = None
 
 
 @dataclass
@@ -306,6 +345,12 @@ class Controller:
         # This run's counts, for the metrics: saves completed (asked for, or the trainer's own),
         # failed (the trainer said so), missed (no acknowledgement in time).
         self.saves_completed_total = self.saves_failed_total = self.saves_missed_total = 0
+        self._capacities: dict[str, CapacityKind] = {}  # source -> the capacity kind it reported
+        self._checkpoint_dir: str | None = None  # the first directory a trainer named
+        self._probe_asked = False  # the storage probe was asked for (once; then every PROBE_REPEAT_S)
+        self._probe_again_at: float | None = None  # wall time of the next probe, while nothing is measured
+        self._trainer_nodes = 1  # the most nodes a trainer's hello said its job spans
+        self._node_sources: set[str] = set()  # other Ray nodes' sources that answered (node:<id>/…)
 
     # ------------------------------------------------------------------ the two entry points
     def handle(self, input_: Input, now: Now) -> list[Action]:
@@ -318,6 +363,10 @@ class Controller:
                 self._on_child_started(input_, now)
             case Hello():
                 self._on_hello(input_, now)
+            case CheckpointSize():
+                self._on_checkpoint_size(input_, now)
+            case StorageProbed():
+                self._on_storage_probed(input_, now)
             case TrainerGone():
                 self._on_trainer_gone(input_, now)
             case Step():
@@ -371,6 +420,8 @@ class Controller:
             timers.append(self.deadline.at)
             if self.mode is Mode.RUNNING and self.plan is not None:
                 timers.append(self.plan.signal_at)
+            if self.mode is Mode.RUNNING and self._probe_again_at is not None and not self.obs.measured:
+                timers.append(self._probe_again_at)
             unattached = self._unattached_stop_at()
             if unattached is not None:
                 timers.append(unattached)
@@ -407,7 +458,8 @@ class Controller:
                 self._deadline_timer(self.deadline, now)
 
     def _deadline_timer(self, deadline: Deadline, now: Now) -> None:
-        """The deadline itself, the latest graceful stop with nobody to save, the planned signal."""
+        """The deadline itself, the latest graceful stop with nobody to save, the planned signal,
+        the next storage probe."""
         unattached = self._unattached_stop_at()
         if now.wall >= deadline.at:
             self._deadline_reached(now)
@@ -415,6 +467,9 @@ class Controller:
             self._begin_stop("no trainer attached to save", EXIT_SAVE_MISSED, now)
         elif self.mode is Mode.RUNNING and self.plan is not None and now.wall >= self.plan.signal_at:
             self._request_save("deadline", now)
+        elif self.mode is Mode.RUNNING and self._probe_again_at is not None \
+                and now.wall >= self._probe_again_at:
+            self._probe_again(now)
 
     def _take(self) -> list[Action]:
         actions, self._out = self._out, []
@@ -436,15 +491,81 @@ class Controller:
             return
         self.trainers[hello.pid] = Trainer(
             pid=hello.pid, rank=hello.rank, saves=hello.saves, signal=hello.wants_signal,
-            stop_signal=hello.stop_signal, attached_at=now.wall,
+            stop_signal=hello.stop_signal, attached_at=now.wall, checkpoint_bytes=hello.checkpoint_bytes,
         )
         self._log("info", ev.TRAINER_ATTACHED, pid=hello.pid, **hello.fields)
         self.obs.trainer_started(now.wall)
+        if hello.nodes is not None and hello.nodes > self._trainer_nodes:
+            self._trainer_nodes = hello.nodes
+            self._update_capacity()
+        self._sum_checkpoint_bytes()
+        if self._checkpoint_dir is None and hello.checkpoint_dir:
+            self._checkpoint_dir = hello.checkpoint_dir
+        self._probe(now, previous=hello.resumed_from)
         self._check_stop_budget()
         request = self.request
         if request is not None and not self.config.signal_child and hello.wants_signal \
                 and hello.pid not in request.signalled:
             self._signal([hello.pid])  # a save is due: this trainer joins it at once
+        self._replan(now)
+
+    def _on_checkpoint_size(self, size: CheckpointSize, now: Now) -> None:
+        trainer = self.trainers.get(size.pid)
+        if trainer is not None and size.checkpoint_bytes > 0:
+            trainer.checkpoint_bytes = size.checkpoint_bytes
+            self._sum_checkpoint_bytes()
+            self._replan(now)
+
+    def _sum_checkpoint_bytes(self) -> None:
+        """A checkpoint is what every saving process writes of it, on this node's storage."""
+        parts = [t.checkpoint_bytes for t in self.trainers.values() if t.saves and t.checkpoint_bytes]
+        if parts:
+            self.obs.checkpoint_bytes = sum(parts)
+
+    def _probe(self, now: Now, previous: str | None = None) -> None:
+        """Ask the shell to measure the storage once a directory is known, and the checkpoint a
+        trainer resumed from; only until a save is measured (then it is the better figure)."""
+        if not self.config.probe_storage or self.obs.measured:
+            return
+        path = None if self._probe_asked else (self._checkpoint_dir or self.config.probe_dir)
+        if path is None and previous is None:
+            return
+        if path is not None:
+            self._probe_asked = True
+            self.obs.prior_pending = True  # no calibration save on a guess while the prior is coming
+        self._out.append(ProbeStorage(path, previous, self._probe_bytes()))
+
+    def _probe_bytes(self) -> int | None:
+        """A probe never writes more than a checkpoint would (a small one is a second's write)."""
+        size = self.obs.checkpoint_bytes
+        return None if size is None else int(size)
+
+    def _probe_again(self, now: Now) -> None:
+        """Storage speed changes (other jobs, a filling disk): measure again, rarely."""
+        self._probe_again_at = None
+        path = self._checkpoint_dir or self.config.probe_dir
+        if path is not None and not self.obs.measured:
+            self._out.append(ProbeStorage(path, None, self._probe_bytes()))
+
+    def _on_storage_probed(self, probed: StorageProbed, now: Now) -> None:
+        if probed.source == "probe":
+            self.obs.prior_pending = False
+            self._probe_again_at = now.wall + PROBE_REPEAT_S
+        previous = probed.source == "previous checkpoint"
+        if previous and probed.written_bytes > 0 and self.obs.checkpoint_bytes is None:
+            self.obs.checkpoint_bytes = probed.written_bytes  # the trainer did not say: its last one does
+        if probed.bandwidth_bps is None or not probed.bandwidth_bps > 0:
+            self._log("warning", ev.STORAGE_PROBED, path=probed.path, source=probed.source,
+                      error=probed.error)
+            self._replan(now)  # no prior from it: plan as before
+            return
+        # Two measurements: the slower one rules (a probe is short, a checkpoint can outgrow caches).
+        if self.obs.bandwidth_bps is None or probed.bandwidth_bps < self.obs.bandwidth_bps \
+                or probed.source == self.obs.bandwidth_source:
+            self.obs.bandwidth_bps, self.obs.bandwidth_source = probed.bandwidth_bps, probed.source
+        self._log("info", ev.STORAGE_PROBED, path=probed.path, source=probed.source,
+                  bandwidth_mb_s=_round(probed.bandwidth_bps / 1e6), written_bytes=int(probed.written_bytes),
+                  seconds=_round(probed.seconds))
         self._replan(now)
 
     def _attached(self, pid: int) -> bool:
@@ -654,8 +775,15 @@ class Controller:
     # ------------------------------------------------------------------ deadline
     def _on_deadline_answers(self, given: DeadlineAnswers, now: Now) -> None:
         self.deadline_pending = False
+        capacity_before = self.obs.capacity
         for answer in given.answers:
+            if answer.capacity is not None:
+                self._capacities[answer.source] = answer.capacity
+            if answer.source.startswith(NODE_PREFIX):
+                self._node_sources.add(answer.source)
             if answer.withdrawn:  # a node that left the cluster: its deadline no longer counts
+                self._capacities.pop(answer.source, None)
+                self._node_sources.discard(answer.source)
                 known = self._known.pop(answer.source, None)
                 if known is not None or self._unavailable.pop(answer.source, None) is not None:
                     self._log("info", ev.DEADLINE_WITHDRAWN, source=answer.source, reason=answer.reason)
@@ -666,9 +794,24 @@ class Controller:
                 self._unavailable[answer.source] = answer.reason
                 level: LogLevel = "info" if answer.expected else "warning"
                 self._log(level, ev.DEADLINE_UNAVAILABLE, source=answer.source, reason=answer.reason)
+        self._update_capacity()
         new = winner(Answer(d.source, deadline=d) for d in self._known.values())
         if new is not None:
             self._set_deadline(new, now)
+        elif self.obs.capacity != capacity_before:
+            self._replan(now)
+
+    def _update_capacity(self) -> None:
+        """The capacity the policy plans for: spot if any source says so (the first reclamation
+        counts), else reserved or on-demand; the job's nodes: every Ray node watched, or what a
+        trainer said (torchrun's world)."""
+        kinds = self._capacities
+        order: tuple[CapacityKind, ...] = ("spot", "reserved", "on-demand")
+        kind = next((k for k in order if k in kinds.values()), None)
+        source = next((s for s, k in kinds.items() if k == kind), "")
+        watched = len({source.split("/", 1)[0] for source in self._node_sources})
+        nodes = max(self._trainer_nodes, 1 + watched)
+        self.obs.capacity = Capacity(kind, nodes, source)
 
     def _set_deadline(self, new: Deadline, now: Now) -> None:
         old = self.deadline
@@ -677,10 +820,12 @@ class Controller:
         self.deadline = new
         if old is None:
             self._log("info", ev.DEADLINE_RESOLVED, source=new.source, deadline=new.iso(),
-                      remaining_s=_round(new.at - now.wall), raw=new.raw, lead_s=new.lead_s, **new.detail)
+                      remaining_s=_round(new.at - now.wall), raw=new.raw, lead_s=new.lead_s,
+                      capacity=self.obs.capacity.kind, **new.detail)
         else:
             self._log("warning", ev.DEADLINE_CHANGED, old=old.iso(), new=new.iso(), source=new.source,
-                      remaining_s=_round(new.at - now.wall), raw=new.raw, **new.detail)
+                      remaining_s=_round(new.at - now.wall), raw=new.raw, capacity=self.obs.capacity.kind,
+                      **new.detail)
         later = old is None or new.at > old.at
         if self.mode is Mode.CONTINUING and later:
             self.mode, self.deadline_saves_done = Mode.RUNNING, 0  # a renewal: plan against it afresh

@@ -13,5 +13,6 @@ SAVE_SNAPSHOT = "save_snapshot"  # an asynchronous save's blocking part is done;
 SAVE_END = "save_end"  # the save is complete on disk (or failed)
 BYE = "bye"  # the trainer leaves (its process may live on)
 DEADLINE = "deadline"  # another node's deadline answer, relayed by a Ray driver
+CHECKPOINT = "checkpoint"  # what a checkpoint holds, once known or when it changed
 
-ALL = frozenset({HELLO, STEP, SAVE_BEGIN, SAVE_SNAPSHOT, SAVE_END, BYE, DEADLINE})
+ALL = frozenset({HELLO, STEP, SAVE_BEGIN, SAVE_SNAPSHOT, SAVE_END, BYE, DEADLINE, CHECKPOINT})

@@ -68,7 +68,9 @@ def _factor(text: str) -> float:
     return value
 
 
-def _rate(text: str) -> float:
+def _rate(text: str) -> float | None:
+    if text.strip().lower() == "auto":
+        return None  # by the capacity's kind
     value = float(text)
     if not math.isfinite(value) or value < 0.0:
         msg = "must be a number of interruptions a day, 0 or more"
@@ -142,10 +144,15 @@ RUN_OPTIONS = (
     Option("--save-duration", seconds, 60.0, "60", "initial save-time estimate, until a save is measured"),
     Option("--unmeasured-factor", _factor, 6.0, "6",
            "until a save is measured, the insurance save assumes --save-duration times this"),
-    Option("--interruption-rate", _rate, 1.0, "1",
-           "interruptions a day to guard against with periodic saves (Young/Daly); 0 turns them off"),
+    Option("--interruption-rate", _rate, None, "1",
+           "interruptions a day to guard against with periodic saves (Young/Daly); 0 turns them off; "
+           "auto: by the capacity's kind (spot, reserved, unknown) and the job's nodes",
+           show=lambda value: "auto" if value is None else f"{value:g}"),
     Option("--state-file", _state_file, None, "/mnt/checkpoints/job/esiwrap-state.json",
            "keep this job's measured step and save times here, for the next run"),
+    Option("--probe-storage", boolean, True, "false",
+           "before the first save, measure how fast the checkpoint directory's storage takes writes "
+           "(a bounded write, removed after); with the checkpoint's size it plans the first save"),
     Option("--step-window", positive_int, 100, "100", "how many recent step intervals to learn from"),
     Option("--step-quantile", _quantile, 0.99, "0.99 or max", "quantile of the window used as the step time"),
     Option("--final-save", boolean, True, "true", "after the insurance save, keep training and save again"),
@@ -186,7 +193,7 @@ OBSERVE_OPTIONS = (
 )
 
 ALL_RUN_OPTIONS = SOURCE_OPTIONS + RUN_OPTIONS + LOG_OPTIONS + OBSERVE_OPTIONS
-BOOLEAN_FLAGS = {"--final-save", "--signal-child"}
+BOOLEAN_FLAGS = {"--final-save", "--signal-child", "--probe-storage"}
 # Every long option of a run, and whether it takes a value (the command splitter must know).
 RUN_FLAGS: dict[str, bool] = {
     **{opt.flag: opt.flag not in BOOLEAN_FLAGS for opt in ALL_RUN_OPTIONS},
@@ -269,6 +276,9 @@ def controller_config(values: Mapping[str, Any]) -> ControllerConfig:
         on_sigterm=values["on_sigterm"],
         signal_child=values["signal_child"],
         stop_budget_s=values["stop_budget"],
+        probe_storage=values["probe_storage"],
+        # the state file lives next to the checkpoints: its storage, when no trainer names one
+        probe_dir=os.path.dirname(values["state_file"]) if values["state_file"] else None,
     )
 
 

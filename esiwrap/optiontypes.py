@@ -42,10 +42,10 @@ class Option:
     @property
     def default_text(self) -> str:
         value = self.default
-        if value is None:
-            return "none"
         if self.show is not None:
             return self.show(value)
+        if value is None:
+            return "none"
         if isinstance(value, list):
             return ",".join(value)
         if isinstance(value, bool):

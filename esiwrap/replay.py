@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from esiwrap import controller as core
 from esiwrap.controller import Controller, ControllerConfig, Now
 from esiwrap.deadline import Answer, Deadline
+from esiwrap.deadline.value import CapacityKind
 from esiwrap.policy import PolicyConfig, Prior
 
 
@@ -45,6 +46,13 @@ class Trace:
     blocking: list[float] | None = None  # asynchronous saves: the part that stops training
     prior_steps: tuple[float, ...] = ()  # a state file from the previous run: step intervals...
     prior_saves: tuple[float, ...] = ()  # ...and measured saves
+    checkpoint_bytes: float | None = None  # what the trainer says a checkpoint holds...
+    probe_bps: float | None = None  # ...and what the storage probe measured (the prior: bytes / bps)
+    capacity: CapacityKind | None = None  # what the deadline source says of the capacity
+    nodes: int = 1  # the job's nodes, as esiwrap learns them
+    surprise_rate_per_day: float = 0.0  # the true rate of interruptions with no notice, for the
+    # reference policy; reclaim_at is already the first of them when it came before the deadline's
+    surprised: bool = False  # ...and then this is true: the run never met its deadline
 
     def blocking_s(self, step: int) -> float:
         """How long a save at this step's boundary stops training."""
@@ -81,6 +89,7 @@ class Outcome:
     saves: int  # saves begun
     saving_s: float  # wall time training stood still for saves, up to reclamation
     completed: tuple[Write, ...] = ()  # the saves that became durable, in order
+    surprised: bool = False  # an interruption with no notice ended the run before its deadline
 
     @property
     def missed(self) -> bool:
@@ -123,7 +132,7 @@ class Tally:
     def outcome(self) -> Outcome:
         progress = self.progress[self.saved_step - 1] if self.saved_step is not None else 0.0
         return Outcome(self.saved_step, progress, self.trace.reclaim_at, self.saves, self.saving_s,
-                       tuple(self.completed))
+                       tuple(self.completed), self.trace.surprised)
 
 
 TRAINER_PID = 1000  # the simulated trainer is the direct child and says hello at once
@@ -147,9 +156,13 @@ class _Shell:
         self.stopped_at: float | None = None
         self.in_flight: Write | None = None
         self.changes = sorted(trace.changes, key=lambda c: c.at)
+        self.capacity = trace.capacity
         self.feed(core.ChildStarted(TRAINER_PID))
-        self.feed(core.DeadlineAnswers((_answer(trace.deadline),)))
-        self.feed(core.Hello(TRAINER_PID))
+        self.feed(core.DeadlineAnswers((self._answer(trace.deadline),)))
+        self.probe_bps = trace.probe_bps
+        self.feed(core.Hello(TRAINER_PID, checkpoint_bytes=trace.checkpoint_bytes,
+                             checkpoint_dir="sim" if trace.probe_bps is not None else None,
+                             nodes=trace.nodes if trace.nodes > 1 else None))
 
     @property
     def stopped(self) -> bool:
@@ -159,12 +172,17 @@ class _Shell:
         self._apply(self.controller.handle(input_, Now(self.now, self.now)))
 
     def _apply(self, actions: list[core.Action]) -> None:
+        probed = False
         for action in actions:
             if isinstance(action, core.SendSignal) and TRAINER_PID in action.pids \
                     and action.signal == self.controller.config.save_signal:
                 self.flag = True
             elif isinstance(action, (core.StopChild, core.KillTree, core.Exit)) and self.stopped_at is None:
                 self.stopped_at = self.now
+            elif isinstance(action, core.ProbeStorage) and action.path is not None:
+                probed = True
+        if probed:  # the probe's answer: its error was drawn with the trace (a second of writing: 0 here)
+            self.feed(core.StorageProbed("sim", self.probe_bps))
 
     def advance(self, until: float) -> None:
         """Timers, deadline announcements and a write becoming durable, up to `until`, in order."""
@@ -180,10 +198,13 @@ class _Shell:
             if durable_at == first:
                 self.finish_write()
             elif change_at == first:
-                self.feed(core.DeadlineAnswers((_answer(self.changes.pop(0).deadline),)))
+                self.feed(core.DeadlineAnswers((self._answer(self.changes.pop(0).deadline),)))
             else:
                 self._apply(self.controller.tick(Now(self.now, self.now)))
         self.now = max(self.now, until)
+
+    def _answer(self, deadline: float) -> Answer:
+        return Answer("sim", deadline=Deadline(at=deadline, source="sim"), capacity=self.capacity)
 
     def finish_write(self) -> None:
         write = self.in_flight
@@ -191,10 +212,6 @@ class _Shell:
         self.in_flight = None
         if self.tally.durable(write):
             self.feed(core.SaveEnd(TRAINER_PID, write.step, duration_s=write.durable - write.begins))
-
-
-def _answer(deadline: float) -> Answer:
-    return Answer("sim", deadline=Deadline(at=deadline, source="sim"))
 
 
 def replay(trace: Trace, config: PolicyConfig | ControllerConfig) -> Outcome:

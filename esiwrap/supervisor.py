@@ -36,6 +36,7 @@ from esiwrap.observe import Observer, ObserveSettings
 from esiwrap.paths import bootstrap_dir
 from esiwrap.signals import HANDLED, signal_label, signal_number
 from esiwrap.snapshot import Snapshot
+from esiwrap.storage import StorageProber
 from esiwrap.tree import ProcessTree
 from esiwrap.watcher import DeadlineWatcher
 
@@ -43,6 +44,7 @@ MAX_WAIT_S = 60.0  # re-read the wall clock at least this often: it can jump
 POLL_WITHOUT_PIDFD_S = 0.2  # only while stopping, on kernels without pidfd_open
 HAS_PIDFD = hasattr(os, "pidfd_open")
 LogNote = tuple[str, str, dict[str, Any]]  # level, event, fields
+MAX_NODES = 1 << 20  # a hello's node count beyond this is not one
 RESERVED_HELLO_KEYS = frozenset({"type", "pid", "event", "level", "timestamp", "run_id"})
 
 
@@ -87,6 +89,7 @@ class Supervisor:
         for sock in (self._signal_r, self._signal_w, self._wake_r, self._wake_w):
             sock.setblocking(False)  # a full buffer drops a wake-up byte; it never blocks a thread
         self._watcher = DeadlineWatcher([s for s in sources if s.period_s is not None], self._wake_w)
+        self._prober = StorageProber(self._poke)  # the checkpoint storage's speed, off the loop
         self._old_handlers: dict[int, Any] = {}
         self._old_wakeup_fd = -1
         self._systemd = systemd.Notifier.from_environ(self._environ)
@@ -144,6 +147,7 @@ class Supervisor:
     def _close(self) -> None:
         self._observer.close()
         self._watcher.stop()
+        self._prober.stop()
         self._apply(self.controller.finish(self._now()))  # the job's state, kept once more
         for signum, handler in self._old_handlers.items():
             with contextlib.suppress(ValueError, TypeError):
@@ -235,6 +239,8 @@ class Supervisor:
                 self._systemd.stopping()
             elif isinstance(action, core.ExtendStopTimeout):
                 self._systemd.extend_stop(action.seconds)
+            elif isinstance(action, core.ProbeStorage):
+                self._prober.submit(action.path, action.previous, action.max_bytes)
             elif isinstance(action, core.Exit):
                 raise Halt(action.reason, action.code)
 
@@ -278,12 +284,20 @@ class Supervisor:
             else:
                 self._feed(core.SignalReceived(signal_label(signum)))
 
+    def _poke(self) -> None:
+        """Wake the loop from another thread (a full buffer already holds a wake-up)."""
+        with contextlib.suppress(BlockingIOError, InterruptedError, OSError):
+            self._wake_w.send(b"\0")
+
     def _on_watcher_wake(self, _: selectors.SelectorKey) -> None:
         with contextlib.suppress(BlockingIOError, InterruptedError):
             self._wake_r.recv(512)
         answers = self._watcher.drain()
         if answers:
             self._feed(core.DeadlineAnswers(tuple(answers)))
+        for m in self._prober.drain():
+            self._feed(core.StorageProbed(m.path, m.bandwidth_bps, m.written_bytes, m.seconds, m.source,
+                                          m.error))
 
     def _on_channel(self, _: selectors.SelectorKey) -> None:
         assert self._channel is not None
@@ -301,6 +315,9 @@ class Supervisor:
             return core.TrainerGone(message.pid)
         if message.type == messages.STEP:
             return core.Step(message.pid, step, _finite(message.get_float("duration_s")))
+        if message.type == messages.CHECKPOINT:
+            size = _positive(message.get_float("bytes"))
+            return core.CheckpointSize(message.pid, size) if size is not None else None
         peer = message.get_bool("peer", False)  # another node's esiwrap asked for this save
         if message.type == messages.SAVE_BEGIN:
             return core.SaveBegin(message.pid, step, peer=peer)
@@ -329,6 +346,10 @@ class Supervisor:
             wants_signal=wants_signal, descendant=descendant,
             stop_signal=signal_label(stop_signal) if stop_signal is not None else None,
             fields={k: v for k, v in message.fields.items() if k not in RESERVED_HELLO_KEYS},
+            checkpoint_bytes=_positive(message.get_float("checkpoint_bytes")),
+            checkpoint_dir=message.get_str("checkpoint_dir")[:4096] or None,
+            resumed_from=message.get_str("resumed_from")[:4096] or None,
+            nodes=min(message.get_int("nodes"), MAX_NODES) or None,
         )
 
     def _watch_trainer(self, pid: int) -> None:
@@ -402,6 +423,11 @@ def _child_exited(pid: int, status: int) -> core.ChildExited:
         signum = os.WTERMSIG(status)
         return core.ChildExited(pid, None, signal_label(signum), signum)
     return core.ChildExited(pid, os.waitstatus_to_exitcode(status))
+
+
+def _positive(value: float) -> float | None:
+    """A size the trainer reported, or None for anything that is not one (absent, NaN, 0)."""
+    return value if math.isfinite(value) and value > 0 else None
 
 
 def _finite(value: float) -> float:

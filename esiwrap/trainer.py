@@ -31,9 +31,11 @@ from esiwrap.signals import save_signal
 
 __all__ = [
     "any_rank",
+    "checkpoint_bytes",
     "clear",
     "install",
     "installed_signal",
+    "report_checkpoint_bytes",
     "request_save",
     "save_finished",
     "save_requested",
@@ -77,6 +79,9 @@ def install(
     saves: bool = True,
     stop_signal: str | None = None,
     integration: str = "plain",
+    checkpoint_bytes: float | None = None,
+    checkpoint_dir: str | os.PathLike[str] | None = None,
+    resumed_from: str | os.PathLike[str] | None = None,
     **hello: Any,
 ) -> None:
     """Register the save-signal handler and say hello to the supervisor (main thread only).
@@ -88,6 +93,12 @@ def install(
     `stop_signal` asks esiwrap to stop this process with another signal than
     its `--stop-signal` (e.g. "SIGINT" for a Ray driver). A previous handler is chained, and
     restored by `uninstall()`.
+
+    What esiwrap can know of the save before the first one, so that it need not guess:
+    `checkpoint_bytes`, what this process writes of a checkpoint (`checkpoint_bytes(model,
+    optimizer)` sums it; `report_checkpoint_bytes` updates it later); `checkpoint_dir`, where
+    checkpoints go (esiwrap measures that storage's write speed); `resumed_from`, the checkpoint
+    this run resumed from (its files say how big a checkpoint is and how long one took to write).
     """
     if threading.current_thread() is not threading.main_thread():
         msg = "esiwrap.trainer.install() must be called from the main thread"
@@ -105,7 +116,86 @@ def install(
     fields.update(integration=integration, signal=True, **hello)
     if stop_signal:
         fields["stop_signal"] = stop_signal
+    fields.update(_checkpoint_fields(checkpoint_bytes, checkpoint_dir, resumed_from))
+    nodes = _nodes(world_size)
+    if nodes > 1:
+        fields["nodes"] = nodes
     _state.client.send(messages.HELLO, **fields)
+
+
+def _checkpoint_fields(nbytes: float | None, directory: str | os.PathLike[str] | None,
+                       resumed_from: str | os.PathLike[str] | None) -> dict[str, Any]:
+    fields: dict[str, Any] = {}
+    if nbytes is not None and nbytes > 0:
+        fields["checkpoint_bytes"] = float(nbytes)
+    if directory is not None:
+        fields["checkpoint_dir"] = os.path.abspath(os.fspath(directory))
+    if resumed_from is not None:
+        fields["resumed_from"] = os.path.abspath(os.fspath(resumed_from))
+    return fields
+
+
+def _nodes(world_size: int) -> int:
+    """The job's nodes, from torchrun's variables (a job is interrupted when any node is)."""
+    try:
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", "0"))
+    except ValueError:
+        local = 0
+    return -(-world_size // local) if local > 0 else 1
+
+
+def report_checkpoint_bytes(nbytes: float) -> None:
+    """Tell esiwrap (again) what this process writes of a checkpoint: once the optimizer's state
+    exists, or when the checkpoint grows. Never blocks or raises."""
+    if nbytes > 0:
+        _state.client.send(messages.CHECKPOINT, bytes=float(nbytes))
+
+
+def checkpoint_bytes(*objects: Any) -> int:
+    """The bytes of the tensors a checkpoint of `objects` holds, counted without copying anything:
+    `torch.nn.Module`s (parameters and buffers), optimizers (their state; before the first step,
+    when an optimizer has none yet, what its kind will keep: two tensors per parameter for Adam
+    and its kin, one for SGD with momentum or Adagrad, two for any other), state dicts, tensors,
+    and lists, tuples or dicts of them. A tensor shared by several objects counts once; a sharded
+    tensor (DTensor, FSDP) counts its local shard: what this process writes."""
+    seen: set[tuple[int, int]] = set()
+    return sum(_tensor_bytes(obj, seen) for obj in objects)
+
+
+_STATE_TENSORS = {"SGD": 1, "Adagrad": 1, "RMSprop": 1, "Rprop": 2, "Adadelta": 2, "Adam": 2, "AdamW": 2,
+                  "Adamax": 2, "NAdam": 2, "RAdam": 2, "SparseAdam": 2, "LBFGS": 2}
+
+
+def _tensor_bytes(obj: Any, seen: set[tuple[int, int]]) -> int:
+    if hasattr(obj, "element_size") and hasattr(obj, "numel"):  # a tensor
+        local = getattr(obj, "_local_tensor", obj)  # a DTensor: this rank's shard
+        try:
+            key = (local.untyped_storage().data_ptr(), local.storage_offset())
+        except Exception:
+            key = (id(local), 0)
+        if key in seen:
+            return 0
+        seen.add(key)
+        return int(local.numel()) * int(local.element_size())
+    if hasattr(obj, "param_groups") and hasattr(obj, "state"):  # an optimizer
+        return _optimizer_bytes(obj, seen)
+    if hasattr(obj, "state_dict") and hasattr(obj, "parameters"):  # a module
+        return _tensor_bytes(obj.state_dict(keep_vars=True), seen)
+    if isinstance(obj, dict):
+        return sum(_tensor_bytes(v, seen) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(_tensor_bytes(v, seen) for v in obj)
+    return 0
+
+
+def _optimizer_bytes(optimizer: Any, seen: set[tuple[int, int]]) -> int:
+    if any(optimizer.state.values()):
+        return sum(_tensor_bytes(state, seen) for state in optimizer.state.values())
+    per_param = _STATE_TENSORS.get(type(optimizer).__name__, 2)
+    if type(optimizer).__name__ == "SGD" and not any(g.get("momentum") for g in optimizer.param_groups):
+        per_param = 0
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    return per_param * sum(_tensor_bytes(p, set()) for p in params)
 
 
 def uninstall() -> None:

@@ -114,8 +114,28 @@ def _trace(run: Sequence[Event], start: float, settings: Mapping[str, Any]) -> t
     while sum(steps) <= max(reclaim_at, first_at) + pace:  # the steps the run did not live to make
         steps.append(pace)
     saves = _saves_by_step(run, len(steps), float(settings.get("--save-duration", 60.0)))
-    return (Trace("log", steps, saves, first_at, reclaim_at, changes), bool(measured),
-            sum(1 for e in run if e["event"] == ev.SAVE_COMPLETED))
+    trace = Trace("log", steps, saves, first_at, reclaim_at, changes, **_knowledge(run))
+    return trace, bool(measured), sum(1 for e in run if e["event"] == ev.SAVE_COMPLETED)
+
+
+def _knowledge(run: Sequence[Event]) -> dict[str, Any]:
+    """What the run knew before its first save: the checkpoint's size (the hellos), the storage's
+    speed (the first probe that measured one), the capacity's kind (the deadline's source)."""
+    known: dict[str, Any] = {}
+    sizes = [float(e["checkpoint_bytes"]) for e in run if e["event"] == ev.TRAINER_ATTACHED
+             and isinstance(e.get("checkpoint_bytes"), (int, float)) and e["checkpoint_bytes"] > 0]
+    if sizes:
+        known["checkpoint_bytes"] = sum(sizes)
+    speeds = [float(e["bandwidth_mb_s"]) * 1e6 for e in run if e["event"] == ev.STORAGE_PROBED
+              and isinstance(e.get("bandwidth_mb_s"), (int, float)) and e["bandwidth_mb_s"] > 0]
+    if speeds:
+        known["probe_bps"] = min(speeds)
+    kinds = [e.get("capacity") for e in run if e["event"] in (ev.DEADLINE_RESOLVED, ev.DEADLINE_CHANGED)]
+    for kind in ("spot", "reserved", "on-demand"):
+        if kind in kinds:
+            known["capacity"] = kind
+            break
+    return known
 
 
 def _deadline_of(event: Event) -> str:

@@ -16,6 +16,8 @@ command -v systemd-analyze >/dev/null || missing+=(systemd)
 { command -v nsenter && command -v setpriv; } >/dev/null || missing+=(util-linux)
 command -v mount >/dev/null || missing+=(mount)
 command -v chromium >/dev/null || missing+=(chromium fonts-dejavu-core)  # the font the picture names first
+# tests/slowfs.py mounts a FUSE filesystem paced like network storage (fusepy needs libfuse2)
+ldconfig -p | grep -q 'libfuse\.so\.2 ' || missing+=(libfuse2)
 if [ ${#missing[@]} -gt 0 ]; then
     apt-get update -qq && apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi

@@ -75,6 +75,24 @@ def test_not_a_scheduled_instance(fake_metadata: FakeMetadata, fake_api: FakeVol
     assert "not an elastic scheduled instance" in answer.reason
     assert answer.expected
     assert fake_api.actions() == ["DescribeInstances"]
+    assert answer.capacity == "on-demand"  # SpotStrategy NoSpot
+
+
+@pytest.mark.parametrize("strategy", ["SpotAsPriceGo", "SpotWithPriceLimit"])
+def test_a_spot_instance_says_so_before_any_notice(fake_metadata: FakeMetadata, fake_api: FakeVolcengineApi,
+                                                    strategy: str) -> None:
+    """DescribeInstances' SpotStrategy marks a spot instance: its answer has no deadline (no
+    notice yet) but says the capacity is spot, which sets the periodic saves' rate."""
+    fake_api.add_instance(INSTANCE_ID, scheduled_instance_id="", spot_strategy=strategy)
+    answer = ask(source(fake_metadata.url, fake_api), time.time())
+    assert answer.deadline is None and answer.capacity == "spot"
+
+
+def test_a_scheduled_instances_end_is_reserved_capacity(fake_metadata: FakeMetadata,
+                                                        fake_api: FakeVolcengineApi) -> None:
+    """An elastic scheduled instance's AutoReleaseAt is the end of a reservation."""
+    answer = ask(source(fake_metadata.url, fake_api), time.time())
+    assert answer.deadline is not None and answer.capacity == "reserved"
 
 
 def test_access_denied_names_the_permissions(fake_metadata: FakeMetadata,

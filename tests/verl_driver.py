@@ -24,7 +24,8 @@ from typing import Any
 import ray
 
 
-def verl_config(ckpt_dir: str, save_freq: int, total_steps: int, async_save: bool) -> Any:
+def verl_config(ckpt_dir: str, save_freq: int, total_steps: int, async_save: bool,
+                model_dir: str | None = None) -> Any:
     """verl's own generated PPO config, with what this CPU run needs."""
     import verl
     from omegaconf import OmegaConf
@@ -37,7 +38,10 @@ def verl_config(ckpt_dir: str, save_freq: int, total_steps: int, async_save: boo
             "total_training_steps": total_steps, "project_name": "esiwrap", "experiment_name": "test",
         },
         "actor_rollout_ref": {"actor": {"checkpoint": {"async_save": async_save}}},
+        "algorithm": {"adv_estimator": "grpo"},  # no critic: this loop has no critic worker group
     }
+    if model_dir is not None:
+        overrides["actor_rollout_ref"]["model"] = {"path": model_dir}
     return OmegaConf.merge(config, overrides)
 
 
@@ -161,7 +165,7 @@ def expire_soon_per_verl(in_s: float, step_s: float, out_dir: Path) -> None:
 class TaskRunner:
     def run(self, args: argparse.Namespace) -> None:
         Path(args.pid_file).write_text(str(os.getpid()))
-        config = verl_config(args.ckpt_dir, args.save_freq, args.steps, args.async_save)
+        config = verl_config(args.ckpt_dir, args.save_freq, args.steps, args.async_save, args.model_dir)
         loop, step_s, steps = args.loop, args.step_seconds, args.steps
         if loop == "legacy":
             from verl.trainer.ppo import ray_trainer  # noqa: F401 - imported first, as verl does
@@ -184,6 +188,7 @@ def main() -> None:
     parser.add_argument("--skip-ray-env-hook", action="store_true")
     parser.add_argument("--async-save", action="store_true", help="actor.checkpoint.async_save=True")
     parser.add_argument("--mlp-expiry-in", type=float, help="set verl's MLP_ expiry variable in the actor")
+    parser.add_argument("--model-dir", help="actor_rollout_ref.model.path (a local model directory)")
     args = parser.parse_args()
     # --skip-ray-env-hook: what `uv run` does to RAY_RUNTIME_ENV_HOOK (Ray ignores it)
     skip = {"_skip_env_hook": True} if args.skip_ray_env_hook else {}

@@ -9,7 +9,7 @@ from datetime import datetime, timezone
 from typing import Any, Literal, NamedTuple, Protocol, runtime_checkable
 
 # What kind of capacity the run is on, as far as a source can tell; it sets how often an
-# interruption with no warning is expected (`policy.interruption_rate_per_day`):
+# interruption with no warning is expected (`policy.interruption_rate`):
 #   spot       preemptible: taken back whenever the cloud needs it (a notice of seconds to minutes)
 #   reserved   a reservation with a known end: a time slot, a capacity block, a batch job's limit
 #   on-demand  an ordinary instance: no end, no preemption

@@ -20,7 +20,7 @@ from typing import Any
 from esiwrap.deadline.bounds import implausible
 from esiwrap.deadline.metadata import MetadataClient, MetadataError, MetadataUnreachable
 from esiwrap.deadline.parse import TimeParseError, parse_iso
-from esiwrap.deadline.value import Deadline
+from esiwrap.deadline.value import CapacityKind, Deadline
 from esiwrap.errors import SourceUnavailable
 
 INSTANCE_ID_PATH = "/latest/instance_id"
@@ -51,6 +51,8 @@ class VolcengineSource:
 
     name = "volcengine"
 
+    capacity: CapacityKind | None = None  # what DescribeInstances says the instance is
+
     def __init__(self, metadata: MetadataClient, settings: VolcengineSettings) -> None:
         self.metadata = metadata
         self.settings = settings
@@ -67,6 +69,7 @@ class VolcengineSource:
         api = self._ecs_api(region)
         instance = self._describe_instance(api, instance_id)
         scheduled_id = _text_field(instance, "scheduled_instance_id")
+        self.capacity = _capacity_of(_text_field(instance, "spot_strategy"), scheduled_id)
         if not scheduled_id:
             msg = f"instance {instance_id} is not an elastic scheduled instance (no ScheduledInstanceId)"
             raise SourceUnavailable(msg, expected=True)
@@ -264,6 +267,16 @@ def _excerpt(body: Any) -> str:
     text = body.decode("utf-8", "replace") if isinstance(body, bytes) else str(body)
     text = " ".join(text.split())
     return repr(text[:60] + ("..." if len(text) > 60 else ""))
+
+
+def _capacity_of(spot_strategy: str, scheduled_id: str) -> CapacityKind | None:
+    """DescribeInstances' SpotStrategy: NoSpot for pay-as-you-go and scheduled instances,
+    SpotAsPriceGo or SpotWithPriceLimit for spot ones (what sets the periodic-save rate)."""
+    if spot_strategy.startswith("Spot"):
+        return "spot"
+    if scheduled_id:
+        return "reserved"
+    return "on-demand" if spot_strategy == "NoSpot" else None
 
 
 def _text_field(model: Any, name: str) -> str:

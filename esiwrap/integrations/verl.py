@@ -110,6 +110,7 @@ class _Loop:
             messages.HELLO, rank=0, world_size=1, saves=True, signal=not relayed, integration="verl",
             verl_version=getattr(verl, "__version__", "unknown"), loop=kind,
             trainer=type(trainer).__qualname__ if trainer is not None else "", node=_node_ip(),
+            **_checkpoint_facts(trainer),
         )
         return True
 
@@ -201,6 +202,38 @@ def _checkpoint_step(trainer: Any) -> int:
     if "current_param_version" in vars(trainer) and hasattr(type(trainer), "_fit_save_checkpoint"):
         return int(trainer.current_param_version)
     return int(getattr(trainer, "global_steps", 0))
+
+
+def _checkpoint_facts(trainer: Any) -> dict[str, Any]:
+    """What esiwrap can know of a checkpoint before the first save, from the run's config: its
+    size (estimated), where it goes, and the checkpoint verl resumes from (the tracker's)."""
+    config = getattr(trainer, "config", None)
+    if config is None:
+        return {}
+    from esiwrap.integrations.verl_checkpoint import estimate_checkpoint_bytes
+
+    facts: dict[str, Any] = {}
+    try:
+        nbytes, how = estimate_checkpoint_bytes(config)
+        root = str(config.trainer.default_local_dir)
+    except Exception as exc:  # a config shape we do not know: no estimate, never a failed run
+        return {"checkpoint_estimate": f"no estimate: {type(exc).__name__}"}
+    facts["checkpoint_estimate"] = how
+    if nbytes:
+        facts["checkpoint_bytes"] = nbytes
+    facts["checkpoint_dir"] = os.path.abspath(os.path.expanduser(root))
+    latest = _tracker_step(root)
+    if latest is not None and os.path.isdir(os.path.join(root, f"global_step_{latest}")):
+        facts["resumed_from"] = os.path.abspath(os.path.join(root, f"global_step_{latest}"))
+    return facts
+
+
+def _tracker_step(root: str) -> int | None:
+    try:
+        with open(os.path.join(root, TRACKER)) as tracker:
+            return int(tracker.read().strip())
+    except (OSError, ValueError):
+        return None
 
 
 def _tracker_holds(root: str, step: int) -> bool:
