@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import replace
 
 import pytest
@@ -225,15 +226,19 @@ def test_a_save_being_written_is_waited_for_only_up_to_the_deadline() -> None:
 
 
 def test_the_shells_wake_up_sockets_never_block() -> None:
-    """The watcher threads wake the loop with a byte on a socket: a full buffer must drop the
-    byte (the loop is awake anyway), never block the thread that asks a cloud API."""
+    """The watcher threads wake the loop with a byte on a socket, signals with a byte in a pipe: a
+    full buffer must drop the byte (the loop is awake anyway), never block the thread that asks a
+    cloud API or the signal handler."""
+    from esiwrap import early
     from esiwrap.supervisor import Supervisor, SupervisorConfig
 
     sup = Supervisor(SupervisorConfig(argv=["true"]), [], environ={})
+    caught = early.catch()
     try:
-        assert not sup._wake_w.getblocking() and not sup._signal_w.getblocking()
+        assert not sup._wake_w.getblocking() and not os.get_blocking(caught.write_fd)
     finally:
         sup._close()
+        early.release()
 
 
 def test_linger_trains_on_until_the_stop_must_begin_and_follows_a_renewal() -> None:
