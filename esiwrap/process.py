@@ -163,20 +163,25 @@ def too_long(argv: Sequence[str], env: Mapping[str, str], callers_env: Mapping[s
     before = exec_bytes(argv, callers_env)
     added = {k: v for k, v in env.items() if callers_env.get(k) != v}
     names = ", ".join(sorted(added))
-    fitted = before < limit and _longest(argv, callers_env) <= MAX_ARG_STRLEN
-    if fitted and (total >= limit or _longest(argv, env) > MAX_ARG_STRLEN):
-        over = f"{total} bytes, over the kernel's limit of {limit}" if total >= limit else \
-            f"a variable longer than the kernel's {MAX_ARG_STRLEN} bytes"
+    fitted = before < limit and _longest(argv, callers_env)[0] <= MAX_ARG_STRLEN
+    longest, name = _longest(argv, env)
+    if fitted and (total >= limit or longest > MAX_ARG_STRLEN):
+        over = (f"the command and its environment take {total} bytes, over the kernel's limit of {limit}"
+                if total >= limit else f"{name} is {longest} bytes, over the kernel's {MAX_ARG_STRLEN} "
+                "for one")
         return (f"{argv[0]}: argument list too long, because of esiwrap's own variables ({names}: "
-                f"{total - before} bytes): with them the command and its environment take {over}; "
-                "unset some large environment variables, or set ESIWRAP_HOOK=0 to leave PYTHONPATH alone")
+                f"{total - before} bytes): with them {over}; unset some large environment variables, "
+                "or set ESIWRAP_HOOK=0 to leave PYTHONPATH alone")
     return (f"{argv[0]}: argument list too long: the command and its environment take {before} bytes "
             f"without esiwrap's own variables ({names}), over the kernel's limit of {limit}; shorten "
             "the arguments or unset large environment variables")
 
 
-def _longest(argv: Sequence[str], env: Mapping[str, str]) -> int:
-    return max((len(os.fsencode(s)) + 1 for s in [*argv, *(f"{k}={v}" for k, v in env.items())]), default=0)
+def _longest(argv: Sequence[str], env: Mapping[str, str]) -> tuple[int, str]:
+    """The longest string execve copies (bytes with its NUL), and what it is."""
+    sizes = [(len(os.fsencode(a)) + 1, "an argument") for a in argv]
+    sizes += [(len(os.fsencode(f"{k}={v}")) + 1, k) for k, v in env.items()]
+    return max(sizes, default=(0, ""))
 
 
 def send(pid: int, signum: int) -> bool:

@@ -30,7 +30,7 @@ from esiwrap import events as ev
 from esiwrap.channel import ChannelServer, Message
 from esiwrap.controller import Controller, ControllerConfig, Now
 from esiwrap.deadline import Source, ask, remote
-from esiwrap.envvars import RUN_ID_ENV, SIGNAL_ENV, SOCKET_ENV
+from esiwrap.envvars import HOOK_SWITCH_ENV, RUN_ID_ENV, SIGNAL_ENV, SOCKET_ENV
 from esiwrap.errors import EXIT_FAILURE, CommandError, Halt
 from esiwrap.log import get_logger
 from esiwrap.observe import Observer, ObserveSettings
@@ -408,8 +408,10 @@ def child_environment(base: Mapping[str, str], socket_path: str, config: Supervi
     env = {key: value for key, value in base.items() if key not in systemd.CHILD_UNSET}
     env[SOCKET_ENV] = socket_path
     env[SIGNAL_ENV] = config.controller.save_signal
-    # Zero-code hooks (verl): our sitecustomize first, inert without the variables above.
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (bootstrap_dir(), base.get("PYTHONPATH", "")) if p)
+    # Zero-code hooks (verl): our sitecustomize first, inert without the variables above; with the
+    # hooks off (ESIWRAP_HOOK=0), PYTHONPATH stays the caller's.
+    if base.get(HOOK_SWITCH_ENV, "1") != "0":
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (bootstrap_dir(), base.get("PYTHONPATH", "")) if p)
     if config.run_id:
         env[RUN_ID_ENV] = config.run_id
     return env
