@@ -12,9 +12,9 @@ from pathlib import Path
 from esiwrap_harness import PYTHON
 
 from esiwrap.errors import EXIT_NOT_EXECUTABLE
-from esiwrap.process import MAX_ARG_STRLEN
 
 ESIWRAP = [PYTHON, "-m", "esiwrap"]
+MAX_ARG_STRLEN = 32 * 4096  # Linux: the longest single argument or NAME=value
 
 
 def executable(path: Path, content: bytes) -> Path:
