@@ -19,7 +19,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from esiwrap_harness import CHILDREN, PYTHON, TINY_TRAINER, EsiwrapRun, wait_until
+from esiwrap_harness import CHILDREN, PYTHON, TINY_TRAINER, EsiwrapRun, esiwrap_below, wait_until
 
 from esiwrap.errors import EXIT_CHECKPOINTED
 from esiwrap.signals import HANDLED
@@ -43,19 +43,6 @@ def sigset(pid: int, field: str) -> set[int]:
 def caller(*setup: str) -> tuple[str, ...]:
     """caller_setup.py with these settings, then esiwrap: the launcher of an EsiwrapRun."""
     return (*CALLER, *setup, "--", *ESIWRAP)
-
-
-def esiwrap_below(run: EsiwrapRun) -> int:
-    """esiwrap's pid when a shell or unshare started it (the run's own pid is theirs)."""
-    found: list[int] = []
-
-    def started() -> bool:
-        found[:] = [p.pid for p in psutil.Process(run.pid).children(recursive=True)
-                    if "esiwrap" in " ".join(p.cmdline())]
-        return bool(found)
-
-    assert wait_until(started, 30)
-    return found[0]
 
 
 @pytest.fixture
