@@ -16,6 +16,7 @@ at the top, with its load average, because a shared machine makes every timing n
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -363,13 +364,17 @@ def _ready_after_exec_s(cmd: Sequence[str], field: str, mask: int) -> float | No
     prefix = field + ":"
     try:
         while proc.poll() is None:
-            with open(f"/proc/{proc.pid}/status", encoding="ascii") as status:
-                line = next(ln for ln in status if ln.startswith(prefix))
+            try:
+                with open(f"/proc/{proc.pid}/status", encoding="ascii") as status:
+                    line = next(ln for ln in status if ln.startswith(prefix))
+            except (OSError, StopIteration):  # gone meanwhile
+                continue
             if int(line.split()[1], 16) & mask == mask:
                 return time.perf_counter() - execed
-        return None
+        return None  # it ended before it was ready: not counted
     finally:
-        os.killpg(proc.pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
 
 
