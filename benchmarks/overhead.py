@@ -359,6 +359,15 @@ def signal_ready(repeat: int) -> dict[str, Any]:
             "startup_ms": {n: spread(v, 1000) for n, v in wall.items()}, "tini": tini}
 
 
+def _in_sigtimedwait(pid: int) -> bool:
+    """tini waits in sigtimedwait, during which the kernel shows the waited signals unblocked."""
+    try:
+        with open(f"/proc/{pid}/wchan", encoding="ascii") as wchan:
+            return "sigtimedwait" in wchan.read()
+    except OSError:
+        return False
+
+
 def _ready_after_exec_s(cmd: Sequence[str], field: str, mask: int) -> float | None:
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=child_env(),
                             start_new_session=True)
@@ -371,7 +380,7 @@ def _ready_after_exec_s(cmd: Sequence[str], field: str, mask: int) -> float | No
                     line = next(ln for ln in status if ln.startswith(prefix))
             except (OSError, StopIteration):  # gone meanwhile
                 continue
-            if int(line.split()[1], 16) & mask == mask:
+            if int(line.split()[1], 16) & mask == mask or _in_sigtimedwait(proc.pid):
                 return time.perf_counter() - execed
         return None  # it ended before it was ready: not counted
     finally:
