@@ -379,6 +379,9 @@ def resume_gc() -> None:
 
 
 def _subcommand(name: str, argv: Sequence[str], environ: Mapping[str, str]) -> int:
+    from esiwrap import early
+
+    early.release(redeliver=True)  # no supervisor here: Ctrl-C and SIGTERM act as in any program
     resume_gc()
     if name == "deadline":
         return deadline_command(argv, environ)

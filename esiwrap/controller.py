@@ -489,10 +489,7 @@ class Controller:
             # we only ever signal our own tree; relayed processes say signal=false
             self._log("warning", ev.TRAINER_REJECTED, pid=hello.pid, reason="not a descendant of esiwrap")
             return
-        self.trainers[hello.pid] = Trainer(
-            pid=hello.pid, rank=hello.rank, saves=hello.saves, signal=hello.wants_signal,
-            stop_signal=hello.stop_signal, attached_at=now.wall, checkpoint_bytes=hello.checkpoint_bytes,
-        )
+        self.trainers[hello.pid] = _merged(self.trainers.get(hello.pid), hello, now)
         self._log("info", ev.TRAINER_ATTACHED, pid=hello.pid, **hello.fields)
         self.obs.trainer_started(now.wall)
         if hello.nodes is not None and hello.nodes > self._trainer_nodes:
@@ -1102,3 +1099,18 @@ class Controller:
 def _round(value: float) -> float | None:
     """Three decimals for the log; None instead of a value JSON cannot carry (NaN, inf)."""
     return round(value, 3) if math.isfinite(value) else None
+
+
+def _merged(earlier: Trainer | None, hello: Hello, now: Now) -> Trainer:
+    """A process may say hello more than once (a Ray driver: `esiwrap.trainer.install()` and the
+    start-up hook's `ray.init`, in either order): a later hello adds to what an earlier one asked
+    for, never undoes it. It saves or is signalled if either said so; the stop signal is the
+    latest one named, and so is the checkpoint's size."""
+    if earlier is None:
+        return Trainer(pid=hello.pid, rank=hello.rank, saves=hello.saves, signal=hello.wants_signal,
+                       stop_signal=hello.stop_signal, attached_at=now.wall,
+                       checkpoint_bytes=hello.checkpoint_bytes)
+    return Trainer(pid=hello.pid, rank=hello.rank, saves=earlier.saves or hello.saves,
+                   signal=earlier.signal or hello.wants_signal,
+                   stop_signal=hello.stop_signal or earlier.stop_signal, attached_at=earlier.attached_at,
+                   checkpoint_bytes=hello.checkpoint_bytes or earlier.checkpoint_bytes)

@@ -1,9 +1,10 @@
 """The supervisor: the I/O shell around the decision core (`esiwrap.controller`).
 
-One thread, one selector. The loop blocks on the signal wakeup socket, the trainer channel, the
+One thread, one selector. The loop blocks on the signal wakeup pipe, the trainer channel, the
 deadline watcher's wake socket, a pidfd per attached trainer and (while stopping) pidfds of the
 child's tree, with a timeout the controller sets (`wake_at`). Signal handlers do nothing in
-Python: `signal.set_wakeup_fd` writes the signal number to the wakeup socket. Everything that
+Python: `signal.set_wakeup_fd` writes the signal number to the wakeup pipe, which `esiwrap.early`
+set up first thing at start (signals that came while esiwrap loaded wait there). Everything that
 happens becomes an input for the controller, with the time; the controller's actions (signal
 these PIDs, stop the child, log, keep the job's state, check the tree, exit) are carried out here.
 Nothing here decides, and nothing here reads the controller's state but its `snapshot` (for the
@@ -24,17 +25,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from esiwrap import controller as core
+from esiwrap import early, messages, process, state, systemd
 from esiwrap import events as ev
-from esiwrap import messages, process, state, systemd
 from esiwrap.channel import ChannelServer, Message
 from esiwrap.controller import Controller, ControllerConfig, Now
 from esiwrap.deadline import Source, ask, remote
-from esiwrap.envvars import RUN_ID_ENV, SIGNAL_ENV, SOCKET_ENV
+from esiwrap.envvars import HOOK_SWITCH_ENV, RUN_ID_ENV, SIGNAL_ENV, SOCKET_ENV
 from esiwrap.errors import EXIT_FAILURE, CommandError, Halt
 from esiwrap.log import get_logger
 from esiwrap.observe import Observer, ObserveSettings
 from esiwrap.paths import bootstrap_dir
-from esiwrap.signals import HANDLED, signal_label, signal_number
+from esiwrap.signals import signal_label, signal_number
 from esiwrap.snapshot import Snapshot
 from esiwrap.storage import StorageProber
 from esiwrap.tree import ProcessTree
@@ -84,21 +85,19 @@ class Supervisor:
         self._tree = ProcessTree(self._selector)
         self._trainer_fds: dict[int, int] = {}  # pid -> pidfd
         self._channel: ChannelServer | None = None
-        self._signal_r, self._signal_w = socket.socketpair()
+        self._signals: early.Caught | None = None  # the wakeup pipe, once `run` caught the signals
         self._wake_r, self._wake_w = socket.socketpair()
-        for sock in (self._signal_r, self._signal_w, self._wake_r, self._wake_w):
+        for sock in (self._wake_r, self._wake_w):
             sock.setblocking(False)  # a full buffer drops a wake-up byte; it never blocks a thread
         self._watcher = DeadlineWatcher([s for s in sources if s.period_s is not None], self._wake_w)
         self._prober = StorageProber(self._poke)  # the checkpoint storage's speed, off the loop
-        self._old_handlers: dict[int, Any] = {}
-        self._old_wakeup_fd = -1
         self._systemd = systemd.Notifier.from_environ(self._environ)
         self._observer = Observer(self._selector, observe or ObserveSettings())  # metrics, status file
 
     # ------------------------------------------------------------------ lifecycle
     def run(self) -> int:
         """Supervise until the child and its tree are gone; return esiwrap's exit status."""
-        self._install_signal_handlers()
+        self._signals = early.catch()  # already done by the `esiwrap` executable, before its imports
         try:
             self._channel = ChannelServer()
             self._start_child()
@@ -125,7 +124,8 @@ class Supervisor:
         assert self._channel is not None
         env = child_environment(self._environ, self._channel.path, self.config)
         process.become_subreaper()
-        pid = self._child_pid = process.spawn(self.config.argv, env, death_signal=signal.SIGTERM)
+        pid = self._child_pid = process.spawn(self.config.argv, env, death_signal=signal.SIGTERM,
+                                              signals=self._signals, callers_env=self._environ)
         self._feed(core.ChildStarted(pid, tuple(self.config.argv), self.config.settings))
         if self._state_note is not None:
             level, event, fields = self._state_note
@@ -133,31 +133,24 @@ class Supervisor:
         if self._static:  # known before READY, so the first status line already has the deadline
             self._feed(core.DeadlineAnswers(tuple(ask(s, self._clock()) for s in self._static)))
         self._systemd.ready(*systemd.status_parts(self._snapshot()), time.monotonic())
-        self._selector.register(self._signal_r, selectors.EVENT_READ, self._on_signal_bytes)
+        assert self._signals is not None
+        self._selector.register(self._signals.read_fd, selectors.EVENT_READ, self._on_signal_bytes)
         self._selector.register(self._wake_r, selectors.EVENT_READ, self._on_watcher_wake)
         self._selector.register(self._channel, selectors.EVENT_READ, self._on_channel)
         self._reap()  # a child that died before the selector existed
-
-    def _install_signal_handlers(self) -> None:
-        self._old_wakeup_fd = signal.set_wakeup_fd(self._signal_w.fileno(), warn_on_full_buffer=False)
-        for signum in HANDLED:
-            # The C-level handler writes the number to the wakeup fd; the Python one does nothing.
-            self._old_handlers[signum] = signal.signal(signum, _noop_handler)
 
     def _close(self) -> None:
         self._observer.close()
         self._watcher.stop()
         self._prober.stop()
         self._apply(self.controller.finish(self._now()))  # the job's state, kept once more
-        for signum, handler in self._old_handlers.items():
-            with contextlib.suppress(ValueError, TypeError):
-                signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
-        signal.set_wakeup_fd(self._old_wakeup_fd)
         for pid in list(self._trainer_fds):
             self._forget_trainer(pid)
         self._tree.close()
         self._selector.close()
-        for sock in (self._signal_r, self._signal_w, self._wake_r, self._wake_w):
+        if self._signals is not None:
+            early.release()  # the handlers, mask and wakeup fd this process had before
+        for sock in (self._wake_r, self._wake_w):
             sock.close()
         if self._channel is not None:
             self._channel.close()
@@ -274,8 +267,9 @@ class Supervisor:
 
     # ------------------------------------------------------------------ inputs
     def _on_signal_bytes(self, _: selectors.SelectorKey) -> None:
+        assert self._signals is not None
         try:
-            data = self._signal_r.recv(512)
+            data = os.read(self._signals.read_fd, 512)
         except (BlockingIOError, InterruptedError):
             return
         for signum in data:
@@ -440,12 +434,11 @@ def child_environment(base: Mapping[str, str], socket_path: str, config: Supervi
     env = {key: value for key, value in base.items() if key not in systemd.CHILD_UNSET}
     env[SOCKET_ENV] = socket_path
     env[SIGNAL_ENV] = config.controller.save_signal
-    # Zero-code hooks (verl): our sitecustomize first, inert without the variables above.
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (bootstrap_dir(), base.get("PYTHONPATH", "")) if p)
+    # Zero-code hooks (verl): our sitecustomize first, inert without the variables above; with the
+    # hooks off (ESIWRAP_HOOK=0), PYTHONPATH stays the caller's.
+    if base.get(HOOK_SWITCH_ENV, "1") != "0":
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (bootstrap_dir(), base.get("PYTHONPATH", "")) if p)
     if config.run_id:
         env[RUN_ID_ENV] = config.run_id
     return env
 
-
-def _noop_handler(signum: int, frame: object) -> None:
-    """Nothing to do here: the wakeup fd already carries the signal to the loop."""

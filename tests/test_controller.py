@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import replace
 
 import pytest
@@ -225,15 +226,19 @@ def test_a_save_being_written_is_waited_for_only_up_to_the_deadline() -> None:
 
 
 def test_the_shells_wake_up_sockets_never_block() -> None:
-    """The watcher threads wake the loop with a byte on a socket: a full buffer must drop the
-    byte (the loop is awake anyway), never block the thread that asks a cloud API."""
+    """The watcher threads wake the loop with a byte on a socket, signals with a byte in a pipe: a
+    full buffer must drop the byte (the loop is awake anyway), never block the thread that asks a
+    cloud API or the signal handler."""
+    from esiwrap import early
     from esiwrap.supervisor import Supervisor, SupervisorConfig
 
     sup = Supervisor(SupervisorConfig(argv=["true"]), [], environ={})
+    caught = early.catch()
     try:
-        assert not sup._wake_w.getblocking() and not sup._signal_w.getblocking()
+        assert not sup._wake_w.getblocking() and not os.get_blocking(caught.write_fd)
     finally:
         sup._close()
+        early.release()
 
 
 def test_linger_trains_on_until_the_stop_must_begin_and_follows_a_renewal() -> None:
@@ -367,3 +372,22 @@ def test_an_unknown_input_is_refused_at_once() -> None:
         d.controller.handle(("hello", 4242), d.now)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="not an input"):
         d.controller.handle(core.KillTree(), d.now)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("order", ["install-first", "ray-init-first"])
+def test_a_second_hello_of_one_process_adds_to_the_first(order: str) -> None:
+    """A Ray driver says hello twice: `esiwrap.trainer.install()` (saves) and the start-up hook's
+    `ray.init` (stop me with SIGINT, saves nothing itself), in either order. The later hello
+    undoes nothing the earlier asked for: after a SIGTERM's save it is stopped with SIGINT."""
+    d = Driver()
+    trainer = {"saves": True}
+    ray_hook = {"saves": False, "stop_signal": "SIGINT"}
+    for fields in ((trainer, ray_hook) if order == "install-first" else (ray_hook, trainer)):
+        d.hello(**fields)
+    attached = d.controller.trainers[CHILD]
+    assert (attached.saves, attached.signal, attached.stop_signal) == (True, True, "SIGINT")
+    d.steps(1, 3, 1.0)
+    d.feed(core.SignalReceived("SIGTERM"))
+    assert [s.pids for s in signals(d.actions)] == [(CHILD,)]
+    d.save(3, 0.1)
+    assert [a.signal for a in d.actions if isinstance(a, core.StopChild)] == ["SIGINT"]

@@ -54,6 +54,18 @@ def test_the_start_up_hook_spells_the_same_names() -> None:
     assert used == {envvars.SOCKET_ENV, envvars.RELAY_ENV, envvars.HOOK_SWITCH_ENV}
 
 
+def test_the_start_up_hook_knows_the_same_verl_trainer_modules() -> None:
+    """sitecustomize.py names verl's trainer modules (to speak up only in a Python that imports one
+    without esiwrap): the same list as `esiwrap.integrations`."""
+    from esiwrap.integrations import VERL_TRAINER_MODULES
+
+    tree = ast.parse(SITECUSTOMIZE.read_text(encoding="utf-8"))
+    listed = next(node.value for node in ast.walk(tree) if isinstance(node, ast.Assign)
+                  and any(isinstance(t, ast.Name) and t.id == "_TRAINER_MODULES" for t in node.targets))
+    names = {n.value for n in ast.walk(listed) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+    assert names == set(VERL_TRAINER_MODULES)
+
+
 def test_options_read_from_the_environment_use_the_same_prefix_and_names() -> None:
     """`--log-file` and `--status-file` read the variables `envvars` names; every option's
     variable is ESIWRAP_<OPTION>."""
@@ -65,13 +77,14 @@ def test_options_read_from_the_environment_use_the_same_prefix_and_names() -> No
 
 def test_the_verl_hook_watches_the_modules_the_patcher_knows() -> None:
     """The post-import hook's list and the patcher's dispatch are one list: every watched module
-    is patched by one of verl's two loops, and nothing else."""
+    is patched by one of verl's two loops, and nothing else (sitecustomize.py, which cannot import
+    esiwrap, spells the same list: see the test above)."""
     from esiwrap.integrations import VERL_LEGACY_MODULES, VERL_TRAINER_MODULES, VERL_V1_MODULE
 
     assert set(VERL_TRAINER_MODULES) == {*VERL_LEGACY_MODULES, VERL_V1_MODULE}
     assert len(VERL_TRAINER_MODULES) == len(set(VERL_TRAINER_MODULES)) == 4
     spelled = [f"{path.relative_to(PACKAGE)}:{node.lineno}"
-                     for path, tree in package_sources()
+                     for path, tree in package_sources(SITECUSTOMIZE)
                      for node in ast.walk(tree)
                      if isinstance(node, ast.Constant) and node.value == VERL_V1_MODULE]
     assert len(spelled) == 1, spelled
