@@ -17,6 +17,7 @@ import shlex
 import sys
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from esiwrap.deadline import Answer, ask_all, winner
@@ -130,6 +131,10 @@ def run(argv: Sequence[str], environ: Mapping[str, str]) -> int:
         fail(f"{log_label} {log_file!r}: cannot open it ({exc.strerror or exc}); choose a writable file")
     config = supervisor_config(command, values, run_id)
     sources = build_sources(values["sources"], values, environ, time.time())
+    if environ.get("SLURM_JOB_ID"):
+        from esiwrap.deadline import slurm
+
+        config = replace(config, child_env=slurm.child_environment(environ))
     return Supervisor(config, sources, environ, observe=observe_settings(values, environ)).run()
 
 
@@ -141,7 +146,7 @@ def deadline_command(argv: Sequence[str], environ: Mapping[str, str]) -> int:
         fail("--address is for --cluster; e.g. esiwrap deadline --cluster --address 10.0.0.5:6379")
     values = resolve_options(ns, SOURCE_OPTIONS, environ)
     now = time.time()
-    sources = build_sources(values["sources"], values, environ, now)
+    sources = build_sources(values["sources"], values, environ, now, explain=True)
     answers = ask_all(sources, now)
     best = winner(answers)
     if ns.json:

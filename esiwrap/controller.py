@@ -102,6 +102,7 @@ class Hello(NamedTuple):
     stop_signal: str | None = None
     descendant: bool = True  # the shell checked: the process is in esiwrap's own tree
     fields: Mapping[str, Any] = NO_FIELDS
+    sigterm_saves: bool = False  # it takes SIGTERM as a save request (in a Slurm job)
 
 
 class TrainerGone(NamedTuple):
@@ -243,6 +244,7 @@ class Trainer:
     signal: bool
     stop_signal: str | None
     attached_at: float
+    sigterm_saves: bool = False
 
 
 @dataclass
@@ -436,7 +438,7 @@ class Controller:
             return
         self.trainers[hello.pid] = Trainer(
             pid=hello.pid, rank=hello.rank, saves=hello.saves, signal=hello.wants_signal,
-            stop_signal=hello.stop_signal, attached_at=now.wall,
+            stop_signal=hello.stop_signal, attached_at=now.wall, sigterm_saves=hello.sigterm_saves,
         )
         self._log("info", ev.TRAINER_ATTACHED, pid=hello.pid, **hello.fields)
         self.obs.trainer_started(now.wall)
@@ -881,6 +883,7 @@ class Controller:
         self._out.append(NotifyStopping())
         self._extend_stop_timeout(now)
         if self.child_status is not None:
+            self._stop_sigterm_savers()
             return  # the child is gone already: the tree check decides when we are done
         if immediate:
             self._out.append(StopChild(None))
@@ -889,6 +892,18 @@ class Controller:
         signal = self._stop_signal()
         self._log("info", ev.CHILD_STOPPING, signal=signal, grace_s=self.config.stop_grace_s, reason=reason)
         self._out.append(StopChild(signal))
+        self._stop_sigterm_savers()
+
+    def _stop_sigterm_savers(self) -> None:
+        """A trainer below the child that takes SIGTERM as a save request (a rank under torchrun,
+        in a Slurm job) would outlive the SIGTERM its launcher passes on: it gets its own stop
+        signal directly."""
+        by_signal: dict[str, list[int]] = {}
+        for trainer in self.trainers.values():
+            if trainer.sigterm_saves and trainer.stop_signal and trainer.pid != self.child_pid:
+                by_signal.setdefault(trainer.stop_signal, []).append(trainer.pid)
+        for name, pids in by_signal.items():
+            self._out.append(SendSignal(tuple(pids), name))
 
     def _stop_signal(self) -> str:
         trainer = self.trainers.get(self.child_pid) if self.child_pid is not None else None

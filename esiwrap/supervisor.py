@@ -29,8 +29,8 @@ from esiwrap import messages, process, state, systemd
 from esiwrap.channel import ChannelServer, Message
 from esiwrap.controller import Controller, ControllerConfig, Now
 from esiwrap.deadline import Source, ask, remote
-from esiwrap.envvars import RUN_ID_ENV, SIGNAL_ENV, SOCKET_ENV
-from esiwrap.errors import EXIT_FAILURE, CommandError, Halt
+from esiwrap.envvars import RUN_ID_ENV, SIGNAL_ENV, SOCKET_ENV, TRAINER_SIGTERM_SAVE
+from esiwrap.errors import EXIT_CHECKPOINTED, EXIT_FAILURE, CommandError, Halt
 from esiwrap.log import get_logger
 from esiwrap.observe import Observer, ObserveSettings
 from esiwrap.paths import bootstrap_dir
@@ -53,6 +53,7 @@ class SupervisorConfig:
     run_id: str = ""
     state_file: str | None = None
     settings: Mapping[str, Any] = field(default_factory=dict)  # the run options, logged at start
+    child_env: Mapping[str, str] = field(default_factory=dict)  # added for the platform (Slurm's)
 
 
 class Supervisor:
@@ -63,8 +64,10 @@ class Supervisor:
         environ: Mapping[str, str] | None = None,
         clock: Callable[[], float] = time.time,
         observe: ObserveSettings | None = None,
+        before_checkpointed_exit: Callable[[], LogNote] | None = None,
     ) -> None:
         self.config = config
+        self._before_checkpointed_exit = before_checkpointed_exit  # the Slurm requeue
         self.log = get_logger()
         self._job_state, state_note = _load_state(config.state_file, clock())
         prior = self._job_state.prior() if self._job_state is not None else None
@@ -115,6 +118,10 @@ class Supervisor:
         return self._exit("loop ended", EXIT_FAILURE)  # pragma: no cover - the loop only halts
 
     def _exit(self, reason: str, code: int) -> int:
+        if code == EXIT_CHECKPOINTED and self._before_checkpointed_exit is not None:
+            # Last, once the child's tree is gone: a Slurm requeue signals every process of the job.
+            level, event, fields = self._before_checkpointed_exit()
+            getattr(self.log, level)(event, **fields)
         self.log.info(ev.SUPERVISOR_EXIT, code=code, reason=reason)
         return code
 
@@ -146,6 +153,8 @@ class Supervisor:
         self._watcher.stop()
         self._apply(self.controller.finish(self._now()))  # the job's state, kept once more
         for signum, handler in self._old_handlers.items():
+            if signal.getsignal(signum) is not _noop_handler:
+                continue  # changed since (SIGTERM ignored after a Slurm requeue): not ours to undo
             with contextlib.suppress(ValueError, TypeError):
                 signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
         signal.set_wakeup_fd(self._old_wakeup_fd)
@@ -329,6 +338,7 @@ class Supervisor:
             wants_signal=wants_signal, descendant=descendant,
             stop_signal=signal_label(stop_signal) if stop_signal is not None else None,
             fields={k: v for k, v in message.fields.items() if k not in RESERVED_HELLO_KEYS},
+            sigterm_saves=message.get_str("sigterm") == TRAINER_SIGTERM_SAVE,
         )
 
     def _watch_trainer(self, pid: int) -> None:
@@ -414,6 +424,7 @@ def child_environment(base: Mapping[str, str], socket_path: str, config: Supervi
     env = {key: value for key, value in base.items() if key not in systemd.CHILD_UNSET}
     env[SOCKET_ENV] = socket_path
     env[SIGNAL_ENV] = config.controller.save_signal
+    env.update(config.child_env)
     # Zero-code hooks (verl): our sitecustomize first, inert without the variables above.
     env["PYTHONPATH"] = os.pathsep.join(p for p in (bootstrap_dir(), base.get("PYTHONPATH", "")) if p)
     if config.run_id:
