@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from controller_driver import CHILD, Driver, signals
-from esiwrap_harness import PYTHON
+from esiwrap_harness import PYTHON, TINY_TRAINER, EsiwrapRun
 
 from esiwrap import controller as core
 from esiwrap import events as ev
@@ -262,3 +263,33 @@ def test_a_trainer_below_the_child_that_takes_sigterm_gets_its_own_stop_signal()
     out += driver.feed(core.SaveEnd(CHILD + 2, 3))
     assert core.StopChild("SIGTERM") in out
     assert [s for s in signals(out) if s.signal != "SIGUSR1"] == [core.SendSignal((CHILD + 1,), "SIGHUP")]
+
+
+def test_a_supervised_trainer_survives_a_direct_sigterm_and_a_failed_requeue_still_exits_75(
+        tmp_path: Path, esiwrap: Callable[..., EsiwrapRun]) -> None:
+    """In a (stand-in) Slurm job: a SIGTERM sent to the trainer itself, as Slurm sends one to every
+    process of a job, becomes a save at the next step; esiwrap's own SIGTERM then checkpoints and
+    stops the trainer with SIGHUP; the requeue fails and is logged, and esiwrap still exits 75."""
+    end = int(time.time()) + 600  # far enough that esiwrap plans no save of its own meanwhile
+    answers = f'case "$*" in *%e*) echo RUNNING {end};; *) echo "RUNNING|None";; esac'
+    fake_command(tmp_path / "bin", "squeue", answers)
+    down = "echo 'Unable to contact slurm controller (connect failure)' >&2; exit 1"
+    fake_command(tmp_path / "bin", "scontrol", down)
+    env = {"PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", "SLURM_JOB_ID": "12"}
+    run = esiwrap("--slurm-requeue", "--sources", "slurm", "--redundant-time", "3", "--save-duration", "1",
+                  "--", PYTHON, str(TINY_TRAINER), "--ckpt-dir", str(tmp_path / "ckpt"),
+                  "--step-seconds", "0.2", env=env)
+    hello = run.wait_event("trainer_attached", timeout=60)
+    assert hello["sigterm"] == "save" and hello["stop_signal"] == "SIGHUP"
+    assert run.wait_event("deadline_resolved", timeout=30)["source"] == "slurm"
+    os.kill(int(hello["pid"]), signal.SIGTERM)
+    own = run.wait_event("save_completed", timeout=30)
+    assert own["requested"] is False  # the trainer's own save: esiwrap had not asked
+    assert "save_requested" not in run.names()
+    run.signal(signal.SIGTERM)
+    failed = run.wait_event(ev.SLURM_REQUEUE_FAILED, timeout=60)
+    assert failed["job"] == "12" and "connect failure" in failed["reason"]
+    assert run.finish(timeout=30) == 75
+    exited = run.first("child_exited")
+    assert exited["signal"] == "SIGHUP"
+    assert run.names().index(ev.SLURM_REQUEUE_FAILED) < run.names().index("supervisor_exit")

@@ -33,7 +33,7 @@ from esiwrap.deadline.bounds import implausible
 from esiwrap.deadline.value import CapacityKind, Deadline, Source, SourceSetup
 from esiwrap.envvars import TRAINER_SIGTERM_ENV, TRAINER_SIGTERM_SAVE
 from esiwrap.errors import SourceUnavailable
-from esiwrap.optiontypes import Option
+from esiwrap.optiontypes import Option, boolean
 
 JOB_ID_ENV = "SLURM_JOB_ID"
 ARRAY_JOB_ID_ENV = "SLURM_ARRAY_JOB_ID"
@@ -49,7 +49,10 @@ EXIT_TIMEOUT_S = 5.0  # each Slurm command at exit: the job's end is near, and n
 NOT_IN_SLURM = f"not in a Slurm job ({JOB_ID_ENV} is not set)"
 
 NAMES: tuple[str, ...] = ("slurm",)
-OPTIONS: tuple[Option, ...] = ()
+REQUEUE = Option("--slurm-requeue", boolean, False, "true",
+                 "in a Slurm job, after a stop with a completed checkpoint: scontrol requeue the job, "
+                 "then exit 75")
+OPTIONS: tuple[Option, ...] = (REQUEUE,)
 
 _JOB_ID = re.compile(r"^\d+$")
 # squeue -o %e: "NONE" for a job without a time limit, "N/A" for no end time, "Unknown" for an
