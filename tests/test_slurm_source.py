@@ -293,3 +293,22 @@ def test_a_supervised_trainer_survives_a_direct_sigterm_and_a_failed_requeue_sti
     exited = run.first("child_exited")
     assert exited["signal"] == "SIGHUP"
     assert run.names().index(ev.SLURM_REQUEUE_FAILED) < run.names().index("supervisor_exit")
+
+
+def test_the_trainer_library_takes_sigterm_as_a_save_only_when_told() -> None:
+    """With ESIWRAP_TRAINER_SIGTERM=save under esiwrap a SIGTERM raises the save flag and the
+    process lives on; uninstall() gives SIGTERM back. Without the variable SIGTERM is left alone."""
+    code = (
+        "import os, signal, esiwrap.trainer as esi\n"
+        "esi.install()\n"
+        "os.kill(os.getpid(), signal.SIGTERM)\n"
+        "print(esi.save_requested())\n"
+        "esi.uninstall()\n"
+        "print(signal.getsignal(signal.SIGTERM) is signal.SIG_DFL)\n"
+    )
+    base = {**os.environ, "ESIWRAP_SOCKET": "/nonexistent/channel.sock"}
+    shielded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                              env={**base, TRAINER_SIGTERM_ENV: "save"})
+    assert shielded.stdout.split() == ["True", "True"]
+    plain = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=base)
+    assert plain.returncode == -signal.SIGTERM and plain.stdout == ""
