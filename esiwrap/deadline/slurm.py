@@ -55,8 +55,9 @@ REQUEUE = Option("--slurm-requeue", boolean, False, "true",
 OPTIONS: tuple[Option, ...] = (REQUEUE,)
 
 _JOB_ID = re.compile(r"^\d+$")
-# squeue -o %e: "NONE" for a job without a time limit, "N/A" for no end time, "Unknown" for an
-# unset one (slurm_make_time_str); otherwise SLURM_TIME_FORMAT=%s makes it epoch seconds.
+# squeue's %e: "NONE" for a job without a time limit (--time=UNLIMITED), "N/A" for no end time,
+# "Unknown" for an unset one (slurm_make_time_str); otherwise SLURM_TIME_FORMAT=%s makes it epoch
+# seconds.
 _NO_LIMIT = frozenset({"NONE", "UNLIMITED", "INFINITE"})
 _NO_END = frozenset({"N/A", "UNKNOWN"})
 
