@@ -17,9 +17,11 @@ import shlex
 import sys
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from functools import partial
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from esiwrap.deadline import Answer, ask_all, winner
+from esiwrap.deadline import Answer, ask_all, slurm, winner
 from esiwrap.deadline.registry import build_sources
 from esiwrap.envvars import COMMAND_ENV, LOG_FILE_ENV, PREFIX, STATUS_FILE_ENV
 from esiwrap.errors import (
@@ -130,7 +132,13 @@ def run(argv: Sequence[str], environ: Mapping[str, str]) -> int:
         fail(f"{log_label} {log_file!r}: cannot open it ({exc.strerror or exc}); choose a writable file")
     config = supervisor_config(command, values, run_id)
     sources = build_sources(values["sources"], values, environ, time.time())
-    return Supervisor(config, sources, environ, observe=observe_settings(values, environ)).run()
+    before_exit = None
+    if environ.get(slurm.JOB_ID_ENV):  # the trainer is told to survive Slurm's SIGTERM to it
+        config = replace(config, child_env=slurm.child_environment(environ))
+    if values[slurm.REQUEUE.dest]:
+        before_exit = partial(slurm.requeue_expecting_sigterm, environ)
+    return Supervisor(config, sources, environ, observe=observe_settings(values, environ),
+                      before_checkpointed_exit=before_exit).run()
 
 
 def deadline_command(argv: Sequence[str], environ: Mapping[str, str]) -> int:
@@ -141,7 +149,7 @@ def deadline_command(argv: Sequence[str], environ: Mapping[str, str]) -> int:
         fail("--address is for --cluster; e.g. esiwrap deadline --cluster --address 10.0.0.5:6379")
     values = resolve_options(ns, SOURCE_OPTIONS, environ)
     now = time.time()
-    sources = build_sources(values["sources"], values, environ, now)
+    sources = build_sources(values["sources"], values, environ, now, explain=True)
     answers = ask_all(sources, now)
     best = winner(answers)
     if ns.json:

@@ -110,6 +110,7 @@ class Hello(NamedTuple):
     checkpoint_dir: str | None = None  # where its checkpoints go (the storage to probe)
     resumed_from: str | None = None  # the checkpoint it resumed from (its files are a measurement)
     nodes: int | None = None  # how many nodes its job spans, if it said (torchrun: world / local)
+    sigterm_saves: bool = False  # it takes SIGTERM as a save request (in a Slurm job)
 
 
 class CheckpointSize(NamedTuple):
@@ -282,6 +283,7 @@ class Trainer:
     stop_signal: str | None
     attached_at: float
     checkpoint_bytes: float | None = None
+    sigterm_saves: bool = False
 
 
 @dataclass
@@ -1023,6 +1025,7 @@ class Controller:
         self._out.append(NotifyStopping())
         self._extend_stop_timeout(now)
         if self.child_status is not None:
+            self._stop_sigterm_savers()
             return  # the child is gone already: the tree check decides when we are done
         if immediate:
             self._out.append(StopChild(None))
@@ -1031,6 +1034,18 @@ class Controller:
         signal = self._stop_signal()
         self._log("info", ev.CHILD_STOPPING, signal=signal, grace_s=self.config.stop_grace_s, reason=reason)
         self._out.append(StopChild(signal))
+        self._stop_sigterm_savers()
+
+    def _stop_sigterm_savers(self) -> None:
+        """A trainer below the child that takes SIGTERM as a save request (a rank under torchrun,
+        in a Slurm job) would outlive the SIGTERM its launcher passes on: it gets its own stop
+        signal directly."""
+        by_signal: dict[str, list[int]] = {}
+        for trainer in self.trainers.values():
+            if trainer.sigterm_saves and trainer.stop_signal and trainer.pid != self.child_pid:
+                by_signal.setdefault(trainer.stop_signal, []).append(trainer.pid)
+        for name, pids in by_signal.items():
+            self._out.append(SendSignal(tuple(pids), name))
 
     def _stop_signal(self) -> str:
         trainer = self.trainers.get(self.child_pid) if self.child_pid is not None else None
@@ -1109,8 +1124,9 @@ def _merged(earlier: Trainer | None, hello: Hello, now: Now) -> Trainer:
     if earlier is None:
         return Trainer(pid=hello.pid, rank=hello.rank, saves=hello.saves, signal=hello.wants_signal,
                        stop_signal=hello.stop_signal, attached_at=now.wall,
-                       checkpoint_bytes=hello.checkpoint_bytes)
+                       checkpoint_bytes=hello.checkpoint_bytes, sigterm_saves=hello.sigterm_saves)
     return Trainer(pid=hello.pid, rank=hello.rank, saves=earlier.saves or hello.saves,
                    signal=earlier.signal or hello.wants_signal,
                    stop_signal=hello.stop_signal or earlier.stop_signal, attached_at=earlier.attached_at,
-                   checkpoint_bytes=hello.checkpoint_bytes or earlier.checkpoint_bytes)
+                   checkpoint_bytes=hello.checkpoint_bytes or earlier.checkpoint_bytes,
+                   sigterm_saves=earlier.sigterm_saves or hello.sigterm_saves)

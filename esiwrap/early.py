@@ -123,6 +123,8 @@ def release(redeliver: bool = False) -> None:
         with _suppress_blocking():
             arrived = os.read(done.read_fd, 512)
     for signum in done.caught:
+        if signal.getsignal(signum) is not _wake_only:
+            continue  # changed since (SIGTERM ignored after a Slurm requeue): not ours to undo
         handler = done.previous.get(signum)
         signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
     signal.set_wakeup_fd(done.previous_wakeup_fd)

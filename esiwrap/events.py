@@ -39,5 +39,8 @@ SYSTEMD_NOTIFY_UNSUPPORTED = "systemd_notify_unsupported"
 METRICS_SERVING = "metrics_serving"
 OBSERVE_WRITE_FAILED = "observe_write_failed"
 STATUS_FILE_UNAVAILABLE = "status_file_unavailable"
+SLURM_REQUEUED = "slurm_requeued"
+SLURM_REQUEUE_FAILED = "slurm_requeue_failed"
+SLURM_REQUEUE_SKIPPED = "slurm_requeue_skipped"
 
 ALL = frozenset(value for name, value in dict(globals()).items() if name.isupper() and isinstance(value, str))

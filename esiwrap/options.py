@@ -193,7 +193,7 @@ OBSERVE_OPTIONS = (
 )
 
 ALL_RUN_OPTIONS = SOURCE_OPTIONS + RUN_OPTIONS + LOG_OPTIONS + OBSERVE_OPTIONS
-BOOLEAN_FLAGS = {"--final-save", "--signal-child", "--probe-storage"}
+BOOLEAN_FLAGS = {opt.flag for opt in ALL_RUN_OPTIONS if opt.parse is boolean}  # also as --no-X
 # Every long option of a run, and whether it takes a value (the command splitter must know).
 RUN_FLAGS: dict[str, bool] = {
     **{opt.flag: opt.flag not in BOOLEAN_FLAGS for opt in ALL_RUN_OPTIONS},

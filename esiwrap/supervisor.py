@@ -30,8 +30,8 @@ from esiwrap import events as ev
 from esiwrap.channel import ChannelServer, Message
 from esiwrap.controller import Controller, ControllerConfig, Now
 from esiwrap.deadline import Source, ask, remote
-from esiwrap.envvars import HOOK_SWITCH_ENV, RUN_ID_ENV, SIGNAL_ENV, SOCKET_ENV
-from esiwrap.errors import EXIT_FAILURE, CommandError, Halt
+from esiwrap.envvars import HOOK_SWITCH_ENV, RUN_ID_ENV, SIGNAL_ENV, SOCKET_ENV, TRAINER_SIGTERM_SAVE
+from esiwrap.errors import EXIT_CHECKPOINTED, EXIT_FAILURE, CommandError, Halt
 from esiwrap.log import get_logger
 from esiwrap.observe import Observer, ObserveSettings
 from esiwrap.paths import bootstrap_dir
@@ -56,6 +56,7 @@ class SupervisorConfig:
     run_id: str = ""
     state_file: str | None = None
     settings: Mapping[str, Any] = field(default_factory=dict)  # the run options, logged at start
+    child_env: Mapping[str, str] = field(default_factory=dict)  # added for the platform (Slurm's)
 
 
 class Supervisor:
@@ -66,8 +67,10 @@ class Supervisor:
         environ: Mapping[str, str] | None = None,
         clock: Callable[[], float] = time.time,
         observe: ObserveSettings | None = None,
+        before_checkpointed_exit: Callable[[], LogNote] | None = None,
     ) -> None:
         self.config = config
+        self._before_checkpointed_exit = before_checkpointed_exit  # the Slurm requeue
         self.log = get_logger()
         self._job_state, state_note = _load_state(config.state_file, clock())
         prior = self._job_state.prior() if self._job_state is not None else None
@@ -117,6 +120,10 @@ class Supervisor:
         return self._exit("loop ended", EXIT_FAILURE)  # pragma: no cover - the loop only halts
 
     def _exit(self, reason: str, code: int) -> int:
+        if code == EXIT_CHECKPOINTED and self._before_checkpointed_exit is not None:
+            # Last, once the child's tree is gone: a Slurm requeue signals every process of the job.
+            level, event, fields = self._before_checkpointed_exit()
+            getattr(self.log, level)(event, **fields)
         self.log.info(ev.SUPERVISOR_EXIT, code=code, reason=reason)
         return code
 
@@ -344,6 +351,7 @@ class Supervisor:
             checkpoint_dir=message.get_str("checkpoint_dir")[:4096] or None,
             resumed_from=message.get_str("resumed_from")[:4096] or None,
             nodes=min(message.get_int("nodes"), MAX_NODES) or None,
+            sigterm_saves=message.get_str("sigterm") == TRAINER_SIGTERM_SAVE,
         )
 
     def _watch_trainer(self, pid: int) -> None:
@@ -434,6 +442,7 @@ def child_environment(base: Mapping[str, str], socket_path: str, config: Supervi
     env = {key: value for key, value in base.items() if key not in systemd.CHILD_UNSET}
     env[SOCKET_ENV] = socket_path
     env[SIGNAL_ENV] = config.controller.save_signal
+    env.update(config.child_env)
     # Zero-code hooks (verl): our sitecustomize first, inert without the variables above; with the
     # hooks off (ESIWRAP_HOOK=0), PYTHONPATH stays the caller's.
     if base.get(HOOK_SWITCH_ENV, "1") != "0":

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
-from esiwrap.deadline import aws, local, volcengine
+from esiwrap.deadline import aws, local, slurm, volcengine
 from esiwrap.deadline.local import CliSource
 from esiwrap.deadline.value import Source, SourceSetup
 from esiwrap.errors import UsageError
@@ -33,14 +33,15 @@ class SourceModule(Protocol):
     def build(self, name: str, setup: SourceSetup) -> list[Source]: ...
 
 
-SOURCE_MODULES: tuple[SourceModule, ...] = (local, volcengine, aws)
+SOURCE_MODULES: tuple[SourceModule, ...] = (local, slurm, volcengine, aws)
 BY_NAME: dict[str, SourceModule] = {name: module for module in SOURCE_MODULES for name in module.NAMES}
 KNOWN_SOURCES = tuple(BY_NAME)
 OPTIONS: tuple[Option, ...] = tuple(opt for module in SOURCE_MODULES for opt in module.OPTIONS)
 # volcengine-spot is on by default: it asks the same metadata service as `volcengine`, so it adds
 # no new address, and a spot notice is the shortest warning there is. aws-spot is opt-in: on by
-# default it would probe 169.254.169.254 from every non-AWS machine every few minutes.
-DEFAULT_SOURCES = ("cli", "env", "volcengine", "volcengine-spot")
+# default it would probe 169.254.169.254 from every non-AWS machine every few minutes. slurm is
+# on by default and costs nothing outside a Slurm job: it is only started where SLURM_JOB_ID is set.
+DEFAULT_SOURCES = ("cli", "env", "slurm", "volcengine", "volcengine-spot")
 
 
 def parse_source_names(text: str) -> list[str]:
@@ -54,14 +55,17 @@ def parse_source_names(text: str) -> list[str]:
 
 
 def build_sources(
-    names: Sequence[str], values: Mapping[str, Any], environ: Mapping[str, str], anchor: float
+    names: Sequence[str], values: Mapping[str, Any], environ: Mapping[str, str], anchor: float,
+    *, explain: bool = False,
 ) -> list[Source]:
     """Sources in the order given, from the resolved source options (`esiwrap.options`:
     `deadline` and `refresh` and each module's own, by `Option.dest`). `--deadline` overrides
     discovery: then it is the only one. A module's sources are built, and its heavy parts
-    imported, only when named: a run with local sources only starts without them."""
+    imported, only when named: a run with local sources only starts without them. A module may
+    build nothing where it cannot apply (slurm outside a Slurm job) unless `explain`
+    (`esiwrap deadline`: every source named says why it has no answer)."""
     deadline = values["deadline"]
     if deadline is not None and "cli" in names:
         return [CliSource(deadline, anchor)]
-    setup = SourceSetup(values, environ, anchor, deadline, values["refresh"], shared={})
+    setup = SourceSetup(values, environ, anchor, deadline, values["refresh"], shared={}, explain=explain)
     return [source for name in names for source in BY_NAME[name].build(name, setup)]

@@ -98,7 +98,8 @@ class SourceSetup(NamedTuple):
     `setup.values[METADATA_URL.dest]`); `deadline` and `refresh_s` are the general ones
     (`--deadline`, `--refresh`); `anchor` is the launch time (`+2h` counts from it); `shared` is
     one dict for the whole `--sources` list, for what a module's sources share (one metadata
-    client for `volcengine` and `volcengine-spot`: one token).
+    client for `volcengine` and `volcengine-spot`: one token). `explain`: build a source also
+    where it cannot apply, to say why (`esiwrap deadline`); a run leaves such a source out.
     """
 
     values: Mapping[str, Any]
@@ -107,3 +108,4 @@ class SourceSetup(NamedTuple):
     deadline: str | None
     refresh_s: float
     shared: dict[str, Any]
+    explain: bool = False
