@@ -104,7 +104,7 @@ class EsiwrapRun:
                 raise AssertionError(
                     f"no {what or 'matching event'} within {timeout}s; events: "
                     + json.dumps([e.get("event") for e in self.events])
-                    + f"; other output: {self.other_lines[-20:]}"
+                    + f"; other output: {self.other_lines[-20:]}; {self.where()}"
                 )
 
     def wait_stdout(self, text: str, timeout: float = 30.0, count: int = 1) -> str:
@@ -138,10 +138,26 @@ class EsiwrapRun:
         try:
             code = self.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            raise AssertionError(f"esiwrap did not exit within {timeout}s") from None
+            raise AssertionError(f"esiwrap did not exit within {timeout}s; {self.where()}") from None
         while self._pump(0):
             pass
         return code
+
+    def where(self) -> str:
+        """Where esiwrap and its tree are in the kernel (a failed wait says whether esiwrap was
+        stopped, blocked on a lock or on I/O, or waiting in its loop): state and wchan per thread."""
+        parts = []
+        with contextlib.suppress(psutil.Error):
+            root = psutil.Process(self.proc.pid)
+            for proc in [root, *root.children(recursive=True)]:
+                with contextlib.suppress(psutil.Error, OSError):
+                    threads = []
+                    for task in sorted(Path(f"/proc/{proc.pid}/task").iterdir(), key=lambda t: int(t.name)):
+                        stat = (task / "stat").read_text().rsplit(")", 1)[1].split()
+                        wchan = (task / "wchan").read_text() if (task / "wchan").exists() else "?"
+                        threads.append(f"{task.name}:{stat[0]}:{wchan}")
+                    parts.append(f"{proc.pid} {' '.join(proc.cmdline()[:3])} [{', '.join(threads)}]")
+        return "processes: " + ("; ".join(parts) or "none left")
 
     def names(self) -> list[str]:
         return [str(e.get("event")) for e in self.events]
