@@ -16,6 +16,11 @@
   sees a renewal or a notice.
 * `run_oracle` knows the future: one save at the last boundary whose save ends before reclamation.
 
+With uploads (the `upload` families), a checkpoint counts only once its upload ended before
+reclamation. The oracle saves at the last boundary whose save and upload both end in time; verl,
+which knows nothing of uploads, has each of its checkpoints uploaded after it, one at a time and
+the newest waiting one next (`esiwrap.replay.UploadLine`), as a user's script beside it would.
+
 The trainer is the same for all three: it saves at a boundary when asked (or on its own every
 `own_save_every` steps: one save serves both), a synchronous save stops training for its whole
 length, an asynchronous one for its blocking part while the write goes on (a new save waits for
@@ -30,7 +35,7 @@ from traces import Scenario
 
 from esiwrap.controller import ControllerConfig
 from esiwrap.policy import PolicyConfig
-from esiwrap.replay import Outcome, Tally, Write, replay
+from esiwrap.replay import Outcome, Tally, UploadLine, Write, replay
 
 VERL_SAVE_S = 60.0  # should_save_ckpt_esi's save_ckpt_duration default; verl never passes another
 
@@ -46,14 +51,24 @@ def run_oracle(scenario: Scenario) -> Outcome:
         at = trained + wall_shift
         if at > scenario.reclaim_at:
             break
-        if at + scenario.saves[step - 1] <= scenario.reclaim_at:
+        if at + scenario.saves[step - 1] + _upload_s(scenario, step) <= scenario.reclaim_at:
             best = (step, at)
         if scenario.own_save(step):
-            tally.durable(tally.begin(step, at))
+            _durable(tally, tally.begin(step, at))
             wall_shift += scenario.blocking_s(step)
     if best is not None and (tally.saved_step is None or best[0] > tally.saved_step):
-        tally.durable(tally.begin(*best))
+        _durable(tally, tally.begin(*best))
     return tally.outcome()
+
+
+def _upload_s(scenario: Scenario, step: int) -> float:
+    return scenario.uploads[step - 1] if scenario.uploads is not None else 0.0
+
+
+def _durable(tally: Tally, write: Write) -> None:
+    """The oracle's write, and its upload right after it (the oracle never waits for another)."""
+    if tally.durable(write) and tally.trace.uploads is not None:
+        tally.uploaded(write.step, write.durable, write.durable + _upload_s(tally.trace, write.step))
 
 
 # ---------------------------------------------------------------------------------- verl
@@ -69,6 +84,14 @@ def verl_wants_save(remaining_s: float, max_steps_duration_s: float, redundant_s
 
 def run_verl(scenario: Scenario, redundant_s: float = 0.0) -> Outcome:
     tally = Tally(scenario)
+    uploads = UploadLine(scenario, tally) if scenario.uploads is not None else None
+
+    def durable(write: Write) -> bool:
+        done = tally.durable(write)
+        if done and uploads is not None:
+            uploads.add(write.step, write.durable)
+        return done
+
     now, longest = 0.0, 0.0
     in_flight: Write | None = None
     for step, duration in enumerate(scenario.steps, start=1):
@@ -80,11 +103,11 @@ def run_verl(scenario: Scenario, redundant_s: float = 0.0) -> Outcome:
         if verl_wants_save(scenario.deadline - boundary, longest, redundant_s) or scenario.own_save(step):
             if in_flight is not None:  # the previous write must finish first
                 now = max(now, in_flight.durable)
-                tally.durable(in_flight)
+                durable(in_flight)
                 in_flight = None
             write = tally.begin(step, now)
             if scenario.blocking is None:
-                if not tally.durable(write):
+                if not durable(write):
                     break
                 now = write.durable
             else:
@@ -92,7 +115,9 @@ def run_verl(scenario: Scenario, redundant_s: float = 0.0) -> Outcome:
             step_time = now - (boundary - duration)
         longest = max(longest, step_time)
     if in_flight is not None:
-        tally.durable(in_flight)
+        durable(in_flight)
+    if uploads is not None:
+        uploads.finish()
     return tally.outcome()
 
 

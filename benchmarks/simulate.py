@@ -227,6 +227,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="save-freq: the trainer's own save every N steps")
     g.add_argument("--async-block", type=float, default=d.async_block,
                    help="async: the part of a save that stops training")
+    g.add_argument("--upload-factor", type=_pair, default=d.upload_factor,
+                   help="upload: LOW,HIGH x the save that a checkpoint's upload takes")
     g.add_argument("--early-prob", type=float, default=d.early_prob, help="fraction of runs reclaimed early")
     g.add_argument("--early-max", type=float, default=d.early_max_s, help="how early at most, seconds")
     return p
@@ -238,7 +240,7 @@ def params_from(ns: argparse.Namespace) -> Params:
         warmup=ns.warmup, val_every=ns.val_every, val_factor=ns.val_factor, big_save_s=ns.big_save,
         save_drift=ns.save_drift, renewal_s=ns.renewal, notice_s=ns.notice, learn_delay_s=ns.learn_delay,
         early_prob=ns.early_prob, early_max_s=ns.early_max, save_freq=ns.save_freq,
-        async_block=ns.async_block,
+        async_block=ns.async_block, upload_factor=ns.upload_factor,
     )
 
 

@@ -27,6 +27,11 @@ and combinations and new shapes of run:
     big-renewal   big-save; the deadline is renewed in its last ten minutes, around the
                   insurance save (which must then be taken again for the new deadline)
     big-moving    big-save with a renewal and then a spot notice, as in moving
+    upload        constant, with `--upload`: each checkpoint is durable only once its upload ends,
+                  and an upload takes `upload_factor` (3-6, one per run) x the save, +-10 %
+    upload-big    big-save with uploads as in upload (6-36 minutes)
+    upload-resumed  upload-big, on a run that starts with the previous run's state file (its saves
+                  and uploads measured three times, within 5 % of this run's first)
 
 In every family the deadline is drawn in [0.9, 1.1] x `horizon` (so it falls anywhere within a
 step), and reclamation comes `early` seconds before the deadline, an offset no policy knows:
@@ -62,6 +67,7 @@ class Params:
     early_max_s: float = 120.0
     save_freq: int = 10
     async_block: float = 0.1
+    upload_factor: tuple[float, float] = (3.0, 6.0)
 
 
 Scenario = Trace  # one run of a family: `esiwrap.replay.Trace`
@@ -218,6 +224,28 @@ def big_moving(rng: random.Random, p: Params) -> Scenario:
     return replace(moving(rng, p, save=size), family="big-moving")
 
 
+def _with_uploads(base: Scenario, family: str, rng: random.Random, p: Params) -> Scenario:
+    """The same run with `--upload`: a checkpoint's upload takes a few times its save."""
+    factor = rng.uniform(*p.upload_factor)
+    uploads = [_positive(rng.gauss(factor * s, p.jitter * factor * s), 0.1 * s) for s in base.saves]
+    return replace(base, family=family, uploads=uploads)
+
+
+def upload(rng: random.Random, p: Params) -> Scenario:
+    return _with_uploads(constant(rng, p), "upload", rng, p)
+
+
+def upload_big(rng: random.Random, p: Params) -> Scenario:
+    return _with_uploads(big_save(rng, p), "upload-big", rng, p)
+
+
+def upload_resumed(rng: random.Random, p: Params) -> Scenario:
+    base = _with_state_file(upload_big(rng, p), "upload-resumed", rng, p)
+    assert base.uploads is not None
+    prior = tuple(base.uploads[0] * rng.uniform(0.95, 1.05) for _ in range(3))
+    return replace(base, prior_uploads=prior)
+
+
 FAMILIES: dict[str, Callable[[random.Random, Params], Scenario]] = {
     "constant": constant,
     "jitter": jitter,
@@ -235,6 +263,9 @@ FAMILIES: dict[str, Callable[[random.Random, Params], Scenario]] = {
     "big-jitter": big_jitter,
     "big-renewal": big_renewal,
     "big-moving": big_moving,
+    "upload": upload,
+    "upload-big": upload_big,
+    "upload-resumed": upload_resumed,
 }
 
 

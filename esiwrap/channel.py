@@ -10,6 +10,7 @@ Datagrams keep message boundaries, need no connection, and a full or missing rec
     {"type": "save_snapshot", "pid": P, "step": N, "duration_s": 0.4}   (asynchronous saves)
     {"type": "save_end", "pid": P, "step": N, "ok": true, "path": "...", "duration_s": 4.5,
      "error": "..."}
+    {"type": "start", "pid": P, "step": N, "resume_mode": "auto", "default_local_dir": "..."}
     {"type": "deadline", "pid": P, "source": "node:1a2b3c4d/env:MLP", "at": 1764470111.0,
      "raw": "...", "lead_s": 0, "detail": {"node_id": "...", "address": "..."}, "reason": "",
      "expected": false, "withdrawn": false}
@@ -18,7 +19,9 @@ Datagrams keep message boundaries, need no connection, and a full or missing rec
 verl's TaskRunner behind its driver); `hello.saves` false means "I take no part in saves" (ranks
 of a rank-0-only checkpoint). `save_begin`/`save_end` carry `"peer": true` when another node's
 esiwrap asked for the save (multi-node torchrun). A `deadline` is another node's deadline answer,
-relayed by a Ray driver (`esiwrap.integrations.ray_nodes`).
+relayed by a Ray driver (`esiwrap.integrations.ray_nodes`). A `start` says where training starts:
+the step the trainer's state is at (the checkpoint it loaded, 0 from scratch), sent by the verl hook
+once verl has loaded; without it, esiwrap takes the first step report's step minus one.
 """
 
 from __future__ import annotations
@@ -36,7 +39,9 @@ from esiwrap.envvars import SIGNAL_ENV, SOCKET_ENV
 __all__ = ["SIGNAL_ENV", "SOCKET_ENV", "ChannelClient", "ChannelServer", "Message", "decode"]
 MAX_DATAGRAM = 64 * 1024
 MAX_PID = 2**22  # the kernel's PID_MAX_LIMIT: larger is no process
-MESSAGE_TYPES = frozenset({"hello", "step", "save_begin", "save_snapshot", "save_end", "bye", "deadline"})
+MESSAGE_TYPES = frozenset({
+    "hello", "step", "save_begin", "save_snapshot", "save_end", "bye", "deadline", "start",
+})
 
 
 @dataclass(frozen=True)

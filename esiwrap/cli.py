@@ -161,6 +161,18 @@ def _state_file(text: str) -> str:
     return path
 
 
+def _upload_command(text: str) -> str:
+    import re
+
+    command = text.strip()
+    unknown = sorted({m for m in re.findall(r"(?<!\$)\{(\w*)\}", command) if m not in ("path", "step")})
+    if unknown:
+        msg = (f"unknown placeholder {{{unknown[0]}}}: the command may use {{path}} (the checkpoint, "
+               "shell-quoted) and {step}; e.g. --upload 'aws s3 cp --recursive {path} s3://bucket/job/{step}/'")
+        raise ValueError(msg)
+    return command
+
+
 def _signal_parser(allowed: Sequence[str]) -> Callable[[str], int]:
     def parse(text: str) -> int:
         signum = signal_number(text)
@@ -244,6 +256,14 @@ RUN_OPTIONS = (
            "interruptions a day to guard against with periodic saves (Young/Daly); 0 turns them off"),
     Option("--state-file", _state_file, None, "/mnt/checkpoints/job/esiwrap-state.json",
            "keep this job's measured step and save times here, for the next run"),
+    Option("--upload", _upload_command, None, "'aws s3 cp --recursive {path} s3://bucket/job/{step}/'",
+           "after each completed save, run this shell command ({path}, {step}); exit 75 only once "
+           "the last checkpoint's upload completed"),
+    Option("--upload-duration", _seconds, 60.0, "600",
+           "the upload time expected until one is measured (times --unmeasured-factor for the "
+           "insurance save)"),
+    Option("--local-checkpoints-survive", _bool, False, "true",
+           "this machine's local disk outlives the instance: no checkpoint_not_durable warning"),
     Option("--step-window", _positive_int, 100, "100", "how many recent step intervals to learn from"),
     Option("--step-quantile", _quantile, 0.99, "0.99 or max", "quantile of the window used as the step time"),
     Option("--final-save", _bool, True, "true", "after the insurance save, keep training and save again"),
@@ -316,7 +336,7 @@ OBSERVE_OPTIONS = (
 )
 
 ALL_RUN_OPTIONS = SOURCE_OPTIONS + RUN_OPTIONS + LOG_OPTIONS + OBSERVE_OPTIONS
-BOOLEAN_FLAGS = {"--final-save", "--signal-child"}
+BOOLEAN_FLAGS = {"--final-save", "--signal-child", "--local-checkpoints-survive"}
 # Every long option of a run, and whether it takes a value (the splitter must know).
 _RUN_FLAGS: dict[str, bool] = {
     **{opt.flag: opt.flag not in BOOLEAN_FLAGS for opt in ALL_RUN_OPTIONS},
@@ -368,7 +388,7 @@ def _add_options(parser: argparse.ArgumentParser, options: Sequence[Option]) -> 
             parser.add_argument(opt.flag, dest=opt.dest, action="store_const", const="true",
                                 help=opt.help + env_note)
             parser.add_argument(negative, dest=opt.dest, action="store_const", const="false",
-                                help=argparse.SUPPRESS if opt.flag == "--signal-child" else "the opposite")
+                                help="the opposite" if opt.flag == "--final-save" else argparse.SUPPRESS)
         else:
             parser.add_argument(opt.flag, dest=opt.dest, metavar=opt.metavar, help=opt.help + env_note)
 
@@ -414,8 +434,9 @@ def build_run_parser() -> argparse.ArgumentParser:
         "       esiwrap {deadline,report,status,systemd-unit} ...",
         description="Run COMMAND and checkpoint it at the last safe moment before the capacity it "
         "runs on is reclaimed. Exit codes: the child's own; 75 stopped after a completed "
-        "checkpoint; 76 no acknowledged checkpoint before the deadline; 2 usage; 126/127 command "
-        "not executable/not found; 1 esiwrap failed.",
+        "checkpoint (with --upload: and its upload); 74 with --upload, the last checkpoint is complete "
+        "on local storage only (its upload did not finish); 76 no acknowledged checkpoint before the "
+        "deadline; 2 usage; 126/127 command not executable/not found; 1 esiwrap failed.",
     )
     parser.add_argument("--version", action="version", version=f"esiwrap {__version__}")
     _add_options(parser, ALL_RUN_OPTIONS)
@@ -461,6 +482,8 @@ def policy_config(values: Mapping[str, Any]) -> PolicyConfig:
         step_quantile=values["step_quantile"],
         final_save=values["final_save"],
         final_margin_s=values["final_margin"],
+        uploads=values["upload"] is not None,
+        upload_duration_s=values["upload_duration"],
     )
 
 
@@ -481,6 +504,8 @@ def supervisor_config(command: Sequence[str], values: Mapping[str, Any], run_id:
         state_file=values["state_file"],
         stop_budget_s=values["stop_budget"],
         settings={opt.flag: values[opt.dest] for opt in RUN_OPTIONS},
+        upload=values["upload"],
+        local_checkpoints_survive=values["local_checkpoints_survive"],
     )
 
 

@@ -14,6 +14,10 @@ SOCKET_ENV = "ESIWRAP_SOCKET"  # the channel's socket: the trainer library talks
 SIGNAL_ENV = "ESIWRAP_SIGNAL"  # the save signal (`--signal`), by name
 RUN_ID_ENV = "ESIWRAP_RUN_ID"  # the run's `run_id`, as in every log line
 
+# Exported by esiwrap to the `--upload` command.
+CHECKPOINT_PATH_ENV = "ESIWRAP_CHECKPOINT_PATH"  # the checkpoint to upload (also `{path}`)
+CHECKPOINT_STEP_ENV = "ESIWRAP_CHECKPOINT_STEP"  # the step it holds (also `{step}`)
+
 # Read by esiwrap itself (besides the ESIWRAP_<OPTION> settings).
 COMMAND_ENV = "ESIWRAP_COMMAND"  # the command when none follows `--` (systemd environment files)
 LOG_FILE_ENV = "ESIWRAP_LOG_FILE"  # also the --log-file option's variable

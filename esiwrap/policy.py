@@ -29,6 +29,12 @@ durations is extrapolated to the moment the planned save would run, and the esti
 of that and the longest save seen. Saves may be asynchronous: the blocking part (the snapshot)
 stops training, the durable part is what must end before the deadline.
 
+With `--upload`, a checkpoint is durable only once its upload has completed: the upload is the last
+part of the durable end, so a plan counts the save's durable estimate plus `upload_estimate_s`
+(measured uploads, else `--upload-duration`, with the insurance save's margins for every kind).
+One upload runs at a time; a save after the insurance save is planned only where its upload,
+started after the one running, still ends before the deadline.
+
 The supervisor's controller and `benchmarks/simulate.py` both drive this module; nothing here
 reads a clock.
 """
@@ -66,6 +72,8 @@ class PolicyConfig:
     interruption_rate_per_day: float = 1.0  # the periodic cadence's assumption; 0 turns it off
     save_safety_factor: float = SAVE_SAFETY_FACTOR
     final_save_factor: float = FINAL_SAVE_FACTOR
+    uploads: bool = False  # `--upload`: a checkpoint is durable once its upload completed
+    upload_duration_s: float = 60.0  # what an upload is expected to take until one is measured
 
 
 @dataclass(frozen=True)
@@ -75,6 +83,7 @@ class Prior:
     steps: Sequence[float] = ()
     saves: Sequence[float] = ()
     blocking: Sequence[float] = ()  # the blocking part of asynchronous saves
+    uploads: Sequence[float] = ()  # `--upload`: how long the uploads of checkpoints took
 
 
 def quantile(values: Sequence[float], q: float) -> float:
@@ -98,8 +107,15 @@ class Observations:
         self.last_step: int | None = None
         self.step_started_at: float | None = None  # wall time the running step began
         self.checkpoint_at: float | None = None  # wall time of the boundary the last checkpoint holds
+        self.uploads: list[float] = []  # durations of this run's completed uploads
+        self.upload_started_at: float | None = None  # wall time the running upload began
         self._exclude_next_s = 0.0
         self.intervals.extend(self.prior.steps)
+
+    @property
+    def longest_upload_s(self) -> float | None:
+        durations = [*self.uploads, *self.prior.uploads]
+        return max(durations) if durations else None
 
     @property
     def longest_blocking_s(self) -> float | None:
@@ -150,6 +166,16 @@ class Observations:
         self.blocking.append(blocking_s)
         self._exclude_next_s += blocking_s
         self.step_started_at = at
+
+    def upload_began(self, at: float) -> None:
+        """An upload started at `at`: the next one cannot start before it ends."""
+        self.upload_started_at = at
+
+    def upload_ended(self, duration_s: float | None) -> None:
+        """The running upload ended; `duration_s` when it completed (a measurement), else None."""
+        self.upload_started_at = None
+        if duration_s is not None:
+            self.uploads.append(duration_s)
 
     def record_requested_save(self, duration_s: float, at: float, began_at: float | None = None) -> None:
         """A save esiwrap asked for was acknowledged at `at`; a synchronous one (no snapshot was
@@ -234,6 +260,26 @@ def save_estimate_s(obs: Observations, config: PolicyConfig, kind: SaveKind = "i
     return measured * factor
 
 
+def upload_estimate_s(obs: Observations, config: PolicyConfig) -> float:
+    """What a checkpoint's upload adds to its durable end (0 without `--upload`): the longest
+    measured upload x SAVE_SAFETY_FACTOR, else `--upload-duration` x `--unmeasured-factor`. Final
+    saves get the insurance margin here too: a final save whose upload ends late is a checkpoint
+    that never became durable (and exit 74 instead of 75), not one that merely came late."""
+    if not config.uploads:
+        return 0.0
+    measured = obs.longest_upload_s
+    if measured is None:
+        return config.upload_duration_s * max(1.0, config.unmeasured_factor)
+    return measured * config.save_safety_factor
+
+
+def upload_busy_until(obs: Observations, config: PolicyConfig) -> float | None:
+    """When the running upload is expected to end (the next one starts after it), or None."""
+    if obs.upload_started_at is None:
+        return None
+    return obs.upload_started_at + upload_estimate_s(obs, config)
+
+
 def save_cost_s(obs: Observations, config: PolicyConfig) -> float:
     """How long a save stops training: the longest blocking part seen, else the expected save."""
     if obs.longest_blocking_s is not None:
@@ -276,34 +322,46 @@ class SavePlan:
     step_estimate_s: float
     save_estimate_s: float
     reserve_s: float
-    nominal_at: float = 0.0  # deadline - (step + save + reserve): the plan while steps stay usual
+    nominal_at: float = 0.0  # deadline - (step + save + upload + reserve): the plan while steps stay usual
     why: str = ""  # one phrase for people: why this save
+    upload_estimate_s: float = 0.0  # `--upload`: the checkpoint is durable once its upload ended
 
 
 def plan_save(deadline: float, obs: Observations, config: PolicyConfig, kind: SaveKind) -> SavePlan:
     """The insurance or a final save against `deadline`."""
     save = save_estimate_s(obs, config, kind, at=deadline)
+    upload = upload_estimate_s(obs, config)
     reserve = config.final_margin_s if kind == "final" else config.redundant_s
-    cutoff = deadline - save - reserve
+    cutoff = deadline - save - upload - reserve  # the durable end: the save, then its upload
     if kind == "final":
         step = final_step_estimate_s(obs, config, cutoff - (obs.checkpoint_at or cutoff))
     else:
         step = step_estimate_s(obs, config)
     signal_at = latest_signal_at(cutoff, step, obs.step_started_at)
     nominal_at = cutoff - step if step is not None else signal_at
-    return SavePlan(kind, signal_at, step or 0.0, save, reserve, nominal_at, _why(kind, obs, save))
+    return SavePlan(kind, signal_at, step or 0.0, save, reserve, nominal_at, _why(kind, obs, save, upload),
+                    upload)
 
 
-def _why(kind: SaveKind, obs: Observations, save_s: float) -> str:
+def upload_waits_too_long(plan: SavePlan, deadline: float, obs: Observations, config: PolicyConfig) -> bool:
+    """The plan's upload would start after the running one and end past the deadline: a save after
+    the insurance save is then not worth taking (its checkpoint would never be durable)."""
+    busy_until = upload_busy_until(obs, config)
+    return busy_until is not None and busy_until + plan.upload_estimate_s + plan.reserve_s > deadline
+
+
+def _why(kind: SaveKind, obs: Observations, save_s: float, upload_s: float = 0.0) -> str:
+    upload = f" + its upload {upload_s:.0f}s" if upload_s else ""
     if kind == "final":
-        return "final: the last step boundary before the deadline that a measured save still fits"
+        return ("final: the last step boundary before the deadline that a measured save still fits"
+                + (f" (with its upload, {upload_s:.0f}s)" if upload_s else ""))
     if obs.saves:
         source = "save measured"
     elif obs.prior.saves:
         source = "save measured by an earlier run (state file)"
     else:
         source = "no save measured yet"
-    return f"insurance: must land before the deadline; {source}, planned as {save_s:.0f}s"
+    return f"insurance: must land before the deadline; {source}, planned as {save_s:.0f}s{upload}"
 
 
 def _periodic(obs: Observations, config: PolicyConfig, interval_s: float, now: float) -> SavePlan:
@@ -336,7 +394,8 @@ def next_save(
     """
     if saves_done == 0:
         insurance = plan_save(deadline, obs, config, "insurance")
-        if not obs.measured and deadline - now > calibration_horizon_s(config):
+        unmeasured = not obs.measured or (config.uploads and obs.longest_upload_s is None)
+        if unmeasured and deadline - now > calibration_horizon_s(config):
             return _calibration(obs, config, now)
         if recent_checkpoint_insures(insurance, obs, config):
             return next_save(deadline, obs, config, 1, now)
@@ -350,10 +409,11 @@ def next_save(
     if not config.final_save:
         return None
     insurance = plan_save(deadline, obs, config, "insurance")
-    if insurance.signal_at >= now and not recent_checkpoint_insures(insurance, obs, config):
+    if insurance.signal_at >= now and not recent_checkpoint_insures(insurance, obs, config) \
+            and not upload_waits_too_long(insurance, deadline, obs, config):
         return insurance  # the last checkpoint is far back (an unmeasured guess): insure again
     plan = plan_save(deadline, obs, config, "final")
-    return plan if plan.signal_at >= now else None
+    return plan if plan.signal_at >= now and not upload_waits_too_long(plan, deadline, obs, config) else None
 
 
 def recent_checkpoint_insures(insurance: SavePlan, obs: Observations, config: PolicyConfig) -> bool:
@@ -382,7 +442,11 @@ def replan(
     """
     if decided is None or saves_done == 0:
         return next_save(deadline, obs, config, saves_done, now)
-    return plan_save(deadline, obs, config, decided.kind)
+    plan = plan_save(deadline, obs, config, decided.kind)
+    if config.uploads and (plan.signal_at < now - plan.reserve_s
+                           or upload_waits_too_long(plan, deadline, obs, config)):
+        return None  # a late final save loses nothing, but one whose upload cannot end in time would
+    return plan
 
 
 def renewal_reopens_insurance(deadline: float, obs: Observations, config: PolicyConfig, now: float) -> bool:
@@ -396,7 +460,7 @@ def renewal_reopens_insurance(deadline: float, obs: Observations, config: Policy
 
 def needed_s(plan: SavePlan) -> float:
     """How long before the deadline the plan needs its signal."""
-    return plan.step_estimate_s + plan.save_estimate_s + plan.reserve_s
+    return plan.step_estimate_s + plan.save_estimate_s + plan.upload_estimate_s + plan.reserve_s
 
 
 def moved_enough(old: float | None, new: float) -> bool:

@@ -14,7 +14,7 @@ import math
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-PHASES = ("running", "save_requested", "draining", "continuing", "stopping", "killing")
+PHASES = ("running", "save_requested", "draining", "continuing", "stopping", "killing", "uploading")
 
 
 @dataclass(frozen=True)
@@ -25,7 +25,7 @@ class Snapshot:
     run_id: str
     pid: int                         # esiwrap's own pid
     child_pid: int | None
-    phase: str  # running | save_requested | draining | continuing | stopping | killing
+    phase: str  # running | save_requested | draining | continuing | stopping | killing | uploading
     deadline_at: float | None        # epoch s
     deadline_source: str | None      # e.g. "cli", "env:MLP", "volcengine", "node:ab12/volcengine-spot"
     next_save_at: float | None       # planned save signal time (epoch s)

@@ -13,23 +13,25 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import queue
 import selectors
 import signal
 import socket
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from esiwrap import controller as core
+from esiwrap import durability, process, state, systemd, upload
 from esiwrap import events as ev
-from esiwrap import process, state, systemd
 from esiwrap.channel import ChannelServer, Message
 from esiwrap.choices import AfterSave, OnSigterm
 from esiwrap.controller import Controller, ControllerConfig, Now
 from esiwrap.deadline import Source, ask, remote
 from esiwrap.envvars import RUN_ID_ENV, SIGNAL_ENV, SOCKET_ENV
-from esiwrap.errors import EXIT_FAILURE, CommandError, Halt
+from esiwrap.errors import EXIT_FAILURE, EXIT_NOT_EXECUTABLE, CommandError, Halt
 from esiwrap.integrations import bootstrap_dir
 from esiwrap.log import get_logger
 from esiwrap.observe import Observer, ObserveSettings
@@ -59,13 +61,15 @@ class SupervisorConfig:
     state_file: str | None = None
     stop_budget_s: float | None = None
     settings: Mapping[str, Any] = field(default_factory=dict)  # the run options, logged at start
+    upload: str | None = None  # `--upload CMD`: run after each completed save ({path}, {step})
+    local_checkpoints_survive: bool = False
 
     def controller_config(self) -> ControllerConfig:
         return ControllerConfig(
             policy=self.policy, save_signal=signal_label(self.save_signal),
             stop_signal=signal_label(self.stop_signal), stop_grace_s=self.stop_grace_s,
             after_save=self.after_save, on_sigterm=self.on_sigterm, signal_child=self.signal_child,
-            stop_budget_s=self.stop_budget_s,
+            stop_budget_s=self.stop_budget_s, local_checkpoints_survive=self.local_checkpoints_survive,
         )
 
 
@@ -82,10 +86,15 @@ class Supervisor:
         self.log = get_logger()
         self._job_state, state_note = _load_state(config.state_file, clock())
         prior = self._job_state.prior() if self._job_state is not None else None
-        self.controller = Controller(config.controller_config(), prior=prior)
+        resume_from = self._job_state.checkpoint if self._job_state is not None else None
+        self.controller = Controller(config.controller_config(), prior=prior, resume_from=resume_from)
         self._state_note = state_note  # logged once the child runs
-        self._saves_kept = 0
+        self._kept: tuple[int, int, core.Checkpoint | None] = (0, 0, resume_from)  # what the file holds
         self._state_failed = False
+        self._queued: list[core.Event] = []  # what carrying out actions produced, fed next
+        self._feeding = False
+        self._upload: upload.UploadProcess | None = None
+        self._background: queue.SimpleQueue[core.Event] = queue.SimpleQueue()  # from helper threads
         self._environ = dict(os.environ if environ is None else environ)
         self._clock = clock
         # Sources whose answer cannot change are local and instant: asked before the child starts.
@@ -135,7 +144,8 @@ class Supervisor:
         env = child_environment(self._environ, self._channel.path, self.config)
         process.become_subreaper()
         pid = process.spawn(self.config.argv, env, death_signal=signal.SIGTERM)
-        self._feed(core.ChildStarted(pid, tuple(self.config.argv), self.config.settings))
+        host = socket.gethostname()
+        self._feed(core.ChildStarted(pid, tuple(self.config.argv), self.config.settings, host))
         if self._state_note is not None:
             level, event, fields = self._state_note
             getattr(self.log, level)(event, **fields)
@@ -176,6 +186,7 @@ class Supervisor:
             for key, _ in self._selector.select(self._next_timeout()):
                 key.data(key)
             self._apply(self.controller.tick(self._now()))
+            self._feed_queued()
             if self._stopping():
                 self._check_tree()
             self._tell_systemd()
@@ -204,22 +215,39 @@ class Supervisor:
         return max(0.0, min(waits))
 
     def _feed(self, event: core.Event) -> None:
-        self._apply(self.controller.handle(event, self._now()))
-        self._keep_state()
+        self._queued.append(event)
+        self._feed_queued()
+
+    def _feed_queued(self) -> None:
+        """Hand the controller each queued event in turn; carrying out its actions may queue more
+        (an upload started), which follow in order rather than inside the actions' loop."""
+        if self._feeding:
+            return
+        self._feeding = True
+        try:
+            while self._queued:
+                self._apply(self.controller.handle(self._queued.pop(0), self._now()))
+                self._keep_state()
+        finally:
+            self._feeding = False
 
     # ------------------------------------------------------------------ the job's state file
     def _keep_state(self, final: bool = False) -> None:
-        """Write what this run measured to --state-file after every save, and once at the end."""
+        """Write what this run measured to --state-file after every save and upload, and once at
+        the end."""
         obs = self.controller.obs
         path = self.config.state_file
-        if path is None or self._state_failed or not (len(obs.saves) > self._saves_kept or final):
+        kept = (len(obs.saves), len(obs.uploads), self.controller.durable_checkpoint)
+        if path is None or self._state_failed or not (kept != self._kept or final):
             return
         if final and not obs.saves and obs.last_step is None:
             return  # nothing measured: leave the file as it is
-        self._saves_kept = len(obs.saves)
+        self._kept = kept
         base = self._job_state or state.JobState()
         after = base.after_run(obs.intervals, [d for _, d in obs.saves], obs.blocking, self._clock(),
-                               self.config.argv)
+                               self.config.argv, uploads=obs.uploads,
+                               checkpoint=self.controller.durable_checkpoint,
+                               uploaded=self.config.upload is not None)
         try:
             state.write_atomic(path, state.render(after))
         except OSError as exc:
@@ -244,13 +272,79 @@ class Supervisor:
             elif isinstance(action, core.KillTree):
                 self._kill_tree()
             elif isinstance(action, core.TermLeftovers):
-                process.signal_all(self._tree.remaining(), signal.SIGTERM)
+                process.signal_all(self._tree_remaining(), signal.SIGTERM)
             elif isinstance(action, core.NotifyStopping):
                 self._systemd.stopping()
             elif isinstance(action, core.ExtendStopTimeout):
                 self._systemd.extend_stop(action.seconds)
+            elif isinstance(action, core.StartUpload):
+                self._start_upload(action)
+            elif isinstance(action, core.StopUpload):
+                signum = signal_number(action.signal)
+                if self._upload is not None and signum is not None:
+                    self._upload.signal(signum)
+            elif isinstance(action, core.CheckFilesystem):
+                self._check_filesystem(action.path)
             elif isinstance(action, core.Exit):
                 raise Halt(action.reason, action.code)
+
+    # ------------------------------------------------------------------ uploads and the checkpoint's disk
+    def _start_upload(self, action: core.StartUpload) -> None:
+        """Run the --upload command for this checkpoint; its end comes through reaping."""
+        template = self.config.upload
+        if template is None:
+            return
+        if upload.needs_path(template) and not action.path:
+            self._queued.append(core.UploadExited(0, None, error="the trainer reported no checkpoint path "
+                                                  "to put in {path}: report it in saving(step, path)"))
+            return
+        env = {k: v for k, v in self._environ.items() if k not in systemd.CHILD_UNSET}
+        if self.config.run_id:
+            env[RUN_ID_ENV] = self.config.run_id
+        try:
+            self._upload = upload.UploadProcess.start(template, action.path, action.step, env)
+        except OSError as exc:
+            self._queued.append(core.UploadExited(0, EXIT_NOT_EXECUTABLE, error=f"cannot start "
+                                                  f"{upload.SHELL}: {exc.strerror or exc}"))
+            return
+        if self._upload.stderr_fd is not None:
+            self._selector.register(self._upload.stderr_fd, selectors.EVENT_READ, self._on_upload_stderr)
+        self._queued.append(core.UploadStarted(self._upload.pid))
+
+    def _on_upload_stderr(self, key: selectors.SelectorKey) -> None:
+        running = self._upload
+        if running is None or running.stderr_fd != key.fd:
+            self._unregister(key.fd)
+            return
+        if not running.read_stderr():
+            self._unregister(key.fd)
+
+    def _upload_reaped(self, status: int) -> None:
+        running, self._upload = self._upload, None
+        if running is None:
+            return
+        fd = running.stderr_fd
+        running.read_stderr()  # what it wrote before it exited is in the pipe now
+        if fd is not None:
+            self._unregister(fd)
+        running.close()
+        ended = _child_exited(running.pid, status)
+        self._feed(core.UploadExited(running.pid, ended.code, ended.signal, tuple(running.tail)))
+
+    def _unregister(self, fd: int) -> None:
+        with contextlib.suppress(KeyError, ValueError):
+            self._selector.unregister(fd)
+
+    def _check_filesystem(self, path: str) -> None:
+        """One look at what holds the checkpoint, on a thread: a stat can hang on a dead mount."""
+        def look() -> None:
+            found = durability.filesystem_of(path)
+            self._background.put(core.FilesystemChecked(path, found.kind, found.fstype, found.mount_point,
+                                                        found.source))
+            with contextlib.suppress(OSError):
+                self._wake_w.send(b"\0")
+
+        threading.Thread(target=look, name="esiwrap-filesystem", daemon=True).start()
 
     def _stop_child(self, name: str | None) -> None:
         child = self.controller.child_pid
@@ -261,8 +355,18 @@ class Supervisor:
         if signum is not None:
             process.send(child, signum)
 
-    def _kill_tree(self) -> None:
+    def _tree_remaining(self) -> list[Any]:
+        """The child's tree as the stop sequence sees it: without the upload helper, whose end the
+        controller decides (it may have to outlast the child)."""
         remaining = self._tree.remaining()
+        running = self._upload
+        if running is None:
+            return remaining
+        helper = {running.pid, *(p.pid for p in process.descendants(running.pid))}
+        return [p for p in remaining if p.pid not in helper]
+
+    def _kill_tree(self) -> None:
+        remaining = self._tree_remaining()
         if remaining:
             self.log.warning(ev.CHILD_KILLED, signal="SIGKILL", pids=[p.pid for p in remaining])
         process.signal_all(remaining, signal.SIGKILL)
@@ -275,7 +379,7 @@ class Supervisor:
     def _check_tree(self) -> None:
         """While stopping: reap, watch what is left, and tell the controller how much that is."""
         self._reap()
-        remaining = self._tree.remaining()
+        remaining = self._tree_remaining()
         self._tree.watch(remaining)
         self._feed(core.TreeChecked(len(remaining)))
 
@@ -297,6 +401,8 @@ class Supervisor:
         answers = self._watcher.drain()
         if answers:
             self._feed(core.DeadlineAnswers(tuple(answers)))
+        while not self._background.empty():
+            self._feed(self._background.get_nowait())
 
     def _on_channel(self, _: selectors.SelectorKey) -> None:
         assert self._channel is not None
@@ -325,6 +431,9 @@ class Supervisor:
                 duration_s=_finite(message.get_float("duration_s")), path=message.get_str("path"),
                 error=message.get_str("error"), peer=peer,
             )
+        if message.type == "start":  # where training starts (the verl hook, after loading)
+            fields = {k: v for k, v in message.fields.items() if k not in RESERVED_HELLO_KEYS | {"step"}}
+            return core.TrainingStart(message.pid, step, fields)
         if message.type == "deadline":  # another node's answer, relayed by a Ray driver (ray_nodes)
             answer = remote.from_fields(message.fields)
             return core.DeadlineAnswers((answer,)) if answer is not None else None
@@ -379,6 +488,8 @@ class Supervisor:
             if pid == self.controller.child_pid:
                 self._forget_trainer(pid)
                 self._feed(_child_exited(pid, status))
+            elif self._upload is not None and pid == self._upload.pid:
+                self._upload_reaped(status)
             elif pid in self._trainer_fds:
                 self._trainer_exited(pid)
 
@@ -420,9 +531,12 @@ def _load_state(path: str | None, now: float) -> tuple[state.JobState | None, Lo
     if loaded is None:
         return None, ("info", ev.STATE_LOADED, {"path": path, "steps": 0, "saves": 0,
                                                "note": "no state file yet: the job's first run"})
+    checkpoint = loaded.checkpoint
     return loaded, ("info", ev.STATE_LOADED, {
         "path": path, "steps": len(loaded.steps), "saves": len(loaded.saves),
         "longest_save_s": max(loaded.saves) if loaded.saves else None,
+        "uploads": len(loaded.uploads), "longest_upload_s": max(loaded.uploads) if loaded.uploads else None,
+        "checkpoint_step": checkpoint.step if checkpoint is not None else None,
         "age_s": round(now - loaded.updated_at, 3),
     })
 
