@@ -136,7 +136,10 @@ class Supervisor:
         return self._exit("loop ended", EXIT_FAILURE)  # pragma: no cover - the loop only halts
 
     def _exit(self, reason: str, code: int) -> int:
-        self.log.info(ev.SUPERVISOR_EXIT, code=code, reason=reason)
+        c = self.controller
+        durable = c.durable_checkpoint
+        self.log.info(ev.SUPERVISOR_EXIT, code=code, reason=reason, last_step=c.obs.last_step,
+                      checkpoint_step=c.last_saved_step, durable_step=durable.step if durable else None)
         return code
 
     def _start_child(self) -> None:
