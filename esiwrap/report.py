@@ -468,6 +468,9 @@ def _job_run(report: RunReport, events: Sequence[Event]) -> JobRun:
     checkpoint = report.work_at_risk.get("step")
     checkpoint_step = checkpoint if isinstance(checkpoint, int) else None
     start_step = report.resume.get("start_step") if report.resume else None
+    first = next((e.get("step") for e in events if e["event"] == ev.STEP_OBSERVED), None)
+    if start_step is None and isinstance(first, int):
+        start_step = max(0, first - 1)  # no checkpoint to check against: where its steps began
     lost_steps = None
     if last_step is not None:
         since = checkpoint_step if checkpoint_step is not None else start_step

@@ -578,8 +578,9 @@ def _job_picture(runs: Sequence[Sequence[Event]], top: float) -> tuple[str, floa
         risk = report.work_at_risk
         if isinstance(risk.get("since"), str) and isinstance(risk.get("until"), str) and row.lost_s > 0:
             a, b = iso_epoch(risk["since"]), min(iso_epoch(risk["until"]), end)
-            group.append(f'<rect class="job-lost" x="{x(a):.1f}" y="{y1 - 5:.1f}" '
-                         f'width="{max(x(b) - x(a), 2):.1f}" height="4" fill="{COLORS["deadline"]}"/>')
+            left = min(x(a), x(b) - 2)  # at least 2 px, ending where the run ends
+            group.append(f'<rect class="job-lost" x="{left:.2f}" y="{y1 - 5:.1f}" '
+                         f'width="{x(b) - left:.2f}" height="4" fill="{COLORS["deadline"]}"/>')
         ending = f"exit {row.exit_code}" if row.exit_code is not None else "log stops"
         group.append(_text(min(x(end) + 4, WIDTH - 4), y0 + 18, ending, anchor="start" if x(end) + 60 < WIDTH
                            else "end", size=11, weight="bold", cls="job-exit"))
