@@ -43,15 +43,18 @@ class S3Store:
                                      stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
                                      env={**os.environ, **CREDENTIALS})
         deadline = time.monotonic() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(self.url + "/", timeout=2):
-                    break
-            except OSError:
-                if time.monotonic() > deadline or self.proc.poll() is not None:
-                    self.close()
-                    raise RuntimeError(f"moto_server did not start: {(workdir / 'moto.log').read_text()}")
-                time.sleep(0.2)  # polling a server that is starting: the answer is the event
+        while not self._answers():
+            if time.monotonic() > deadline or self.proc.poll() is not None:
+                self.close()
+                raise RuntimeError(f"moto_server did not start: {(workdir / 'moto.log').read_text()}")
+            time.sleep(0.2)  # polling a server that is starting: the answer is the event
+
+    def _answers(self) -> bool:
+        try:
+            with urllib.request.urlopen(self.url + "/", timeout=2):
+                return True
+        except OSError:
+            return False
 
     def client(self) -> Any:
         import boto3

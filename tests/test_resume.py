@@ -139,7 +139,8 @@ def test_report_shows_the_job_across_three_instances(job: Job) -> None:
         last_save = named(events, "save_completed")[-1]
         assert r["checkpoint_step"] == last_save["step"]
         exit_event = named(events, "supervisor_exit")[0]
-        assert r["last_step"] == exit_event["last_step"] and r["lost_steps"] == r["last_step"] - last_save["step"]
+        assert r["last_step"] == exit_event["last_step"]
+        assert r["lost_steps"] == r["last_step"] - last_save["step"]
         assert 0 <= r["lost_s"] < 5
     assert [r["steps_redone"] for r in runs] == [0, named(job.runs[1], "save_completed")[-1]["step"], 0]
     assert report["steps_redone"] == runs[1]["steps_redone"]
@@ -161,7 +162,10 @@ def test_report_shows_the_job_across_three_instances(job: Job) -> None:
 
 JOB_GEOMETRY = """
 (() => {
-  const box = el => { const b = el.getBoundingClientRect(); return {x: b.left, y: b.top, w: b.width, h: b.height}; };
+  const box = el => {
+    const b = el.getBoundingClientRect();
+    return {x: b.left, y: b.top, w: b.width, h: b.height};
+  };
   const all = (sel, root = document) => Array.from(root.querySelectorAll(sel));
   return {
     rows: all('section.job g.job-run').map(g => ({run: g.dataset.runId, exit: g.dataset.exit,

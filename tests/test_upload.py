@@ -162,7 +162,7 @@ def test_upload_placeholders_are_quoted_and_the_checkpoint_is_in_the_environment
 
 def test_an_unknown_placeholder_is_a_usage_error() -> None:
     """A typo in --upload (`{stpe}`) stops esiwrap before the command starts: one line, exit 2."""
-    done = subprocess.run([PYTHON, "-m", "esiwrap", "--upload", "aws s3 cp {path} s3://b/{stpe}/", "--", "true"],
-                          capture_output=True, text=True, timeout=60)
+    argv = [PYTHON, "-m", "esiwrap", "--upload", "aws s3 cp {path} s3://b/{stpe}/", "--", "true"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and done.stderr.count("\n") == 1
     assert "{stpe}" in done.stderr and "{path}" in done.stderr
