@@ -389,6 +389,7 @@ class Controller:
         self._upload_retry: tuple[Checkpoint, int, float] | None = None  # checkpoint, attempt, mono
         self._upload_until: float | None = None  # monotonic, while UPLOADING: the cut-off, then the kill
         self._upload_exit_reason = ""
+        self._upload_killed = False
         self.uploads_completed = self.uploads_failed = 0
         self._filesystem_asked = False
         self._plan_awaits_upload = False  # no further save fits while this upload runs: decide at its end
@@ -771,14 +772,20 @@ class Controller:
             self._uploads_settled(now)
             return
         if not run.cut_off:
-            run.cut_off = "cut off: the deadline was too close to wait any longer" \
-                if self.deadline is not None and now.wall >= self.deadline.at - UPLOAD_TERM_GRACE_S - \
-                UPLOAD_EXIT_MARGIN_S - 0.5 else "cut off: it took longer than esiwrap waits at a stop"
+            near = self.deadline is not None and \
+                now.wall >= self.deadline.at - UPLOAD_TERM_GRACE_S - UPLOAD_EXIT_MARGIN_S - 0.5
+            run.cut_off = ("cut off: the deadline was too close to wait any longer" if near
+                           else "cut off: it took longer than esiwrap waits at a stop")
             self._out.append(StopUpload("SIGTERM"))
             self._upload_until = now.mono + UPLOAD_TERM_GRACE_S
-        elif self._upload_until is not None and now.mono < self._upload_until + KILL_WAIT_S:
+            self._upload_killed = False
+        elif not self._upload_killed:
+            self._upload_killed = True
             self._out.append(StopUpload("SIGKILL"))
-            self._upload_until += KILL_WAIT_S
+            wait = KILL_WAIT_S  # for the reap; never past the deadline
+            if self.deadline is not None:
+                wait = min(wait, max(0.0, self.deadline.at - now.wall - 0.25))
+            self._upload_until = now.mono + wait
         else:  # it survived SIGKILL: do not wait for it any longer
             self.upload = None
             self.upload_waiting = None
@@ -1125,6 +1132,7 @@ class Controller:
             elif immediate and self.mode is Mode.UPLOADING and self.upload is not None:
                 self.upload.cut_off = self.upload.cut_off or f"cut off: {reason}"
                 self._out.append(StopUpload("SIGKILL"))
+                self._upload_killed = True
                 self._upload_until = now.mono + KILL_WAIT_S
             return
         self.mode = Mode.STOPPING

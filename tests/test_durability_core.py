@@ -75,13 +75,23 @@ def test_an_upload_that_does_not_end_is_cut_off_before_the_deadline_and_exits_74
         d.advance(0.25)
     stops = [a.signal for a in d.actions if isinstance(a, core.StopUpload)]
     assert stops == ["SIGTERM", "SIGKILL"]
-    assert d.wall < d.controller.deadline.at - 1  # type: ignore[union-attr]
+    assert d.wall <= d.controller.deadline.at - 1  # type: ignore[union-attr]
     d.feed(core.UploadExited(UPLOADER, None, "SIGKILL", ("partial",)))
     (failed,) = logs(d.actions, "upload_failed")
     assert failed["reason"].startswith("cut off") and failed["stderr"] == ["partial"]
     (exit_,) = exits(d.actions)
     assert exit_.code == EXIT_NOT_UPLOADED and "upload did not finish" in exit_.reason
     assert f"step {start.step}" in exit_.reason
+
+
+def test_an_upload_that_survives_sigkill_is_not_waited_for_past_the_deadline() -> None:
+    d = Driver(replace(UPLOADS, policy=replace(UPLOADS.policy, final_save=False)))
+    insured(d, 40)
+    started_upload(d)
+    stop_when_due(d)
+    d.advance(40)
+    assert exits(d.actions)[0].code == EXIT_NOT_UPLOADED
+    assert d.wall < d.controller.deadline.at  # type: ignore[union-attr]
 
 
 def test_a_newer_save_waits_for_the_running_upload_and_older_waiting_ones_are_skipped() -> None:
