@@ -48,6 +48,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 SAVE_SAFETY_FACTOR = 1.25  # insurance: checkpoint writes vary with disk and page cache
+UPLOAD_SAFETY_FACTOR = 1.5  # uploads cross a shared network: their times vary more than writes
 FINAL_SAVE_FACTOR = 1.05  # final saves: a late one loses nothing, so aim closer
 FINAL_STEP_QUANTILES = (0.5, 0.75, 0.9, 0.95, 0.99, 1.0)  # the candidates for a final save's step
 INSURANCE_WORTH_FACTOR = 10.0  # an insurance save must protect this many times its cost in work
@@ -262,15 +263,15 @@ def save_estimate_s(obs: Observations, config: PolicyConfig, kind: SaveKind = "i
 
 def upload_estimate_s(obs: Observations, config: PolicyConfig) -> float:
     """What a checkpoint's upload adds to its durable end (0 without `--upload`): the longest
-    measured upload x SAVE_SAFETY_FACTOR, else `--upload-duration` x `--unmeasured-factor`. Final
-    saves get the insurance margin here too: a final save whose upload ends late is a checkpoint
-    that never became durable (and exit 74 instead of 75), not one that merely came late."""
+    measured upload x UPLOAD_SAFETY_FACTOR, else `--upload-duration` x `--unmeasured-factor`.
+    Final saves get the same margin: a final save whose upload ends late is a checkpoint that
+    never became durable (and exit 74 instead of 75), not one that merely came late."""
     if not config.uploads:
         return 0.0
     measured = obs.longest_upload_s
     if measured is None:
         return config.upload_duration_s * max(1.0, config.unmeasured_factor)
-    return measured * config.save_safety_factor
+    return measured * UPLOAD_SAFETY_FACTOR
 
 
 def upload_busy_until(obs: Observations, config: PolicyConfig) -> float | None:

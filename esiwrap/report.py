@@ -300,9 +300,9 @@ def _uploads_and_resume(report: RunReport, events: Sequence[Event]) -> None:
                               reason=e.get("reason") or e.get("error"), stderr=e.get("stderr"))
             report.uploads.append(upload)
         elif name in (ev.RESUMED, ev.RESUME_MISSED) and report.resume is None:
-            report.resume = {"resumed": name == ev.RESUMED, "checkpoint_step": e.get("checkpoint_step"),
-                             "start_step": e.get("start_step"), "steps_redone": e.get("steps_redone"),
-                             "causes": e.get("causes")}
+            report.resume = {"from_checkpoint": name == ev.RESUMED,
+                             **{key: e.get(key) for key in ("checkpoint_step", "start_step",
+                                                            "steps_redone", "causes")}}
 
 
 def exit_meaning(code: Any) -> str | None:
@@ -622,7 +622,7 @@ def _render_uploads(run: RunReport) -> list[str]:
     rows = []
     if run.resume is not None:
         r = run.resume
-        head = "resumed" if r["resumed"] else "RESUME MISSED"
+        head = "from the checkpoint" if r["from_checkpoint"] else "RESUME MISSED"
         text = (f"{head}: started at step {r['start_step']}, the durable checkpoint holds step "
                 f"{r['checkpoint_step']} ({r['steps_redone']} steps redone)")
         rows.append(_row("resume", text))

@@ -13,7 +13,7 @@ from esiwrap import state
 from esiwrap.controller import Checkpoint, Controller, ControllerConfig, Mode
 from esiwrap.durability import classify, find_mount, parse_mountinfo
 from esiwrap.errors import EXIT_CHECKPOINTED, EXIT_NOT_UPLOADED
-from esiwrap.policy import Observations, PolicyConfig, plan_save, upload_estimate_s
+from esiwrap.policy import UPLOAD_SAFETY_FACTOR, Observations, PolicyConfig, plan_save, upload_estimate_s
 
 UPLOADS = ControllerConfig(
     policy=PolicyConfig(redundant_s=4.0, save_duration_s=1.0, final_margin_s=2.0, unmeasured_factor=1.0,
@@ -141,7 +141,7 @@ def test_the_plan_makes_room_for_the_upload() -> None:
     assert without.signal_at - with_upload.signal_at == pytest.approx(60.0)
     assert "upload" in with_upload.why
     obs.upload_ended(40.0)
-    assert upload_estimate_s(obs, uploads) == pytest.approx(40.0 * uploads.save_safety_factor)
+    assert upload_estimate_s(obs, uploads) == pytest.approx(40.0 * UPLOAD_SAFETY_FACTOR)
     assert upload_estimate_s(obs, plain) == 0.0
 
 
