@@ -16,7 +16,7 @@ from esiwrap.deadline.value import iso_utc
 @dataclass(frozen=True)
 class StatusFacts:
     now: float
-    phase: str  # the controller's mode: running | save_requested | draining | continuing | stopping | killing
+    phase: str  # the controller's mode: running | … | stopping | killing | uploading
     deadline_at: float | None = None
     source: str | None = None
     deadline_pending: bool = False  # the sources have not all answered yet
@@ -56,6 +56,8 @@ def _deadline(facts: StatusFacts) -> str:
 def _save(facts: StatusFacts) -> list[str]:
     if facts.phase in ("stopping", "killing"):
         return [f"stopping: {facts.stop_reason}"]
+    if facts.phase == "uploading":
+        return ["stopped; waiting for the last checkpoint's upload (--upload)"]
     parts = []
     if facts.awaiting_ack:
         parts.append("stop requested, waiting for the checkpoint")
