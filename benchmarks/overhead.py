@@ -1,4 +1,7 @@
-"""What esiwrap costs: supervisor memory and CPU, start-up, the trainer-side calls, signal latency.
+"""What esiwrap costs: supervisor memory and CPU, start-up, the trainer-side calls, signal latency,
+and how soon after exec a signal can no longer kill it (beside tini and a bare Python).
+
+tini, for the side-by-side figures, is Debian's: `apt-get install tini` (left out when absent).
 
     python benchmarks/overhead.py                 # the full run (about two minutes)
     python benchmarks/overhead.py --quick         # a few seconds per measurement
@@ -13,6 +16,7 @@ at the top, with its load average, because a shared machine makes every timing n
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -311,6 +315,80 @@ def signal_latency(count: int) -> dict[str, Any]:
     return {"us": spread(latencies, 1e-3)}
 
 
+# ---------------------------------------------------------------------------------- 4b. signal-ready
+BARE_HANDLER = ("import signal, time\nsignal.signal(signal.SIGHUP, lambda *_: None)\n"
+                "time.sleep(30)")
+
+
+def signal_ready(repeat: int) -> dict[str, Any]:
+    """Milliseconds from exec to the moment a signal can no longer kill the process, read from
+    /proc/PID/status polled without pause: esiwrap's handled signals all in SigCgt; tini's in
+    SigBlk (it waits for them with sigtimedwait); a bare `python -c` whose first statement
+    installs a SIGHUP handler, in SigCgt. "exec" is when Popen returns (the new program runs).
+    Interleaved with start-up (`esiwrap -- true`, `tini -s -- true`, `python -c pass`), so the
+    same load hits all."""
+    from esiwrap.signals import HANDLED
+
+    # A SIGINT this benchmark inherited as ignored (a background job) stays ignored in esiwrap.
+    inherited_ignored = {signal.SIGINT} if signal.getsignal(signal.SIGINT) == signal.SIG_IGN else set()
+    handled = sum(1 << (s - 1) for s in HANDLED if s not in inherited_ignored)
+    tini = shutil.which("tini")
+    readiness: dict[str, tuple[list[str], str, int]] = {
+        "esiwrap": ([*esiwrap_command(), "--sources", "cli,env", "--", "sleep", "30"], "SigCgt", handled),
+        "python": ([sys.executable, "-c", BARE_HANDLER], "SigCgt", 1 << (signal.SIGHUP - 1)),
+    }
+    startup: dict[str, list[str]] = {"esiwrap": [*esiwrap_command(), "--sources", "cli,env", "--", "true"],
+                                     "python": [sys.executable, "-c", "pass"]}
+    if tini is not None:
+        wanted = sum(1 << (s - 1) for s in (signal.SIGHUP, signal.SIGINT, signal.SIGTERM, signal.SIGUSR1))
+        readiness["tini"] = ([tini, "-s", "--", "sleep", "30"], "SigBlk", wanted)
+        startup["tini"] = [tini, "-s", "--", "true"]
+    ready: dict[str, list[float]] = {name: [] for name in readiness}
+    wall: dict[str, list[float]] = {name: [] for name in startup}
+    for _ in range(repeat):
+        for name, (cmd, field, mask) in readiness.items():
+            took = _ready_after_exec_s(cmd, field, mask)
+            if took is not None:
+                ready[name].append(took)
+        for name, cmd in startup.items():
+            started = time.perf_counter()
+            subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=child_env(),
+                           check=True)
+            wall[name].append(time.perf_counter() - started)
+    return {"ready_ms": {n: spread(v, 1000) for n, v in ready.items() if v},
+            "startup_ms": {n: spread(v, 1000) for n, v in wall.items()}, "tini": tini}
+
+
+def _in_sigtimedwait(pid: int) -> bool:
+    """tini waits in sigtimedwait, during which the kernel shows the waited signals unblocked."""
+    try:
+        with open(f"/proc/{pid}/wchan", encoding="ascii") as wchan:
+            return "sigtimedwait" in wchan.read()
+    except OSError:
+        return False
+
+
+def _ready_after_exec_s(cmd: Sequence[str], field: str, mask: int) -> float | None:
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=child_env(),
+                            start_new_session=True)
+    execed = time.perf_counter()
+    prefix = field + ":"
+    try:
+        while proc.poll() is None:
+            try:
+                with open(f"/proc/{proc.pid}/status", encoding="ascii") as status:
+                    line = next(ln for ln in status if ln.startswith(prefix))
+            except (OSError, StopIteration):  # gone meanwhile
+                continue
+            if int(line.split()[1], 16) & mask == mask or _in_sigtimedwait(proc.pid):
+                return time.perf_counter() - execed
+        return None  # it ended before it was ready: not counted
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
 # ---------------------------------------------------------------------------------- 5. imports
 def import_times(python: str, repeat: int) -> dict[str, Any]:
     """`-X importtime` per module (what `import X` adds to `pass`), and what --help loads."""
@@ -421,6 +499,19 @@ def markdown(r: dict[str, Any]) -> str:
         us = sig["us"]
         lines.append(f"| SIGUSR1 → flag set, µs | median {us['median']:.0f}, p10 {us['p10']:.0f}, "
                      f"p90 {us['p90']:.0f}, p99 {us['p99']:.0f} (n {us['n']}) | |")
+    ready = r.get("ready")
+    if ready:
+        names = [n for n in ("esiwrap", "tini", "python") if n in ready["ready_ms"]]
+        for name in names:
+            what = {"esiwrap": "`esiwrap -- …` (every handled signal caught)",
+                    "tini": "`tini -s -- …` (signals blocked)",
+                    "python": "`python -c` whose first statement installs a handler"}[name]
+            lines.append(f"| exec → signal-ready, ms, {what} | {_fmt(ready['ready_ms'][name])} | |")
+        commands = {"esiwrap": "esiwrap -- true", "tini": "tini -s -- true", "python": "python -c pass"}
+        for name, cmd in commands.items():
+            if name in ready["startup_ms"]:
+                figure = _fmt(ready["startup_ms"][name])
+                lines.append(f"| start-up, `{cmd}`, wall ms (same run) | {figure} | |")
     for label, imp in r.get("imports", {}).items():
         extras = ", ".join(k for k, v in imp["extras"].items() if v) or "none"
         for target in IMPORT_TARGETS:
@@ -442,7 +533,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="pause between paced trainer calls, not timed (200)")
     p.add_argument("--signals", type=int, help="signals for the latency figure (1000; quick 100)")
     p.add_argument("--bare-python", help="also time imports with this interpreter (esiwrap without extras)")
-    p.add_argument("--only", help="comma-separated subset: idle,wrap,trainer,signal,imports")
+    p.add_argument("--only", help="comma-separated subset: idle,wrap,trainer,signal,ready,imports")
     p.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
     return p
 
@@ -461,7 +552,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     repeat = ns.repeat or (5 if quick else 30)
     calls = ns.calls or (5000 if quick else 100_000)
     signals = ns.signals or (100 if quick else 1000)
-    only = set((ns.only or "idle,wrap,trainer,signal,imports").split(","))
+    only = set((ns.only or "idle,wrap,trainer,signal,ready,imports").split(","))
     report: dict[str, Any] = {"machine": machine()}
     warm_up(sys.executable)
     if ns.bare_python:
@@ -475,6 +566,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         report["trainer"] = trainer_cost(calls, ns.pace_us / 1e6)
     if "signal" in only:
         report["signal"] = signal_latency(signals)
+    if "ready" in only:
+        report["ready"] = signal_ready(repeat * 2)
     if "imports" in only:
         report["imports"] = {"this venv": import_times(sys.executable, repeat)}
         if ns.bare_python:

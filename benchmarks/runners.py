@@ -1,7 +1,7 @@
 """Policies played against a `Scenario`, each evaluated where it really runs.
 
 * `run_esiwrap` is `esiwrap.replay.replay`: it drives esiwrap's own decision core
-  (`esiwrap.controller.Controller`, which plans with `esiwrap.policy`) with the events the
+  (`esiwrap.controller.Controller`, which plans with `esiwrap.policy`) with the inputs the
   supervisor would feed it, on a simulated clock: a step report at each boundary (boundary-to-
   boundary time), save begin/snapshot/end around a save, a deadline change when it is announced,
   and a wake-up at every timer the controller asks for. A save signal is taken to arrive at once
@@ -15,13 +15,21 @@
   and keep training. The deadline comes from an environment variable read at start, so it never
   sees a renewal or a notice.
 * `run_oracle` knows the future: one save at the last boundary whose save ends before reclamation.
+* `run_reference` knows what a policy could know at best without knowing the future: the true
+  rate of surprise interruptions and every step's and save's duration, but not when an
+  interruption comes, nor how early the known deadline's reclamation will be (only its worst
+  case, `reserve_s`). Young/Daly periodic saves for the true rate and the true cost of a save,
+  plus one save at the last boundary whose save is durable `reserve_s` before the deadline
+  (following the deadline as it is announced).
 
 With uploads (the `upload` families), a checkpoint counts only once its upload ended before
-reclamation. The oracle saves at the last boundary whose save and upload both end in time; verl,
-which knows nothing of uploads, has each of its checkpoints uploaded after it, one at a time and
-the newest waiting one next (`esiwrap.replay.UploadLine`), as a user's script beside it would.
+reclamation. The oracle saves at the last boundary whose save and upload both end in time; the
+reference's last save is the last one whose save and upload are durable `reserve_s` before the
+deadline; verl, which knows nothing of uploads, has each of its checkpoints uploaded after it, one
+at a time and the newest waiting one next (`esiwrap.replay.UploadLine`), as a user's script beside
+it would (so do the reference's checkpoints).
 
-The trainer is the same for all three: it saves at a boundary when asked (or on its own every
+The trainer is the same for all of them: it saves at a boundary when asked (or on its own every
 `own_save_every` steps: one save serves both), a synchronous save stops training for its whole
 length, an asynchronous one for its blocking part while the write goes on (a new save waits for
 the write in flight to finish). Time spent saving is not training: a run's progress is the
@@ -30,6 +38,8 @@ loses is reclamation minus that.
 """
 
 from __future__ import annotations
+
+import math
 
 from traces import Scenario
 
@@ -119,6 +129,66 @@ def run_verl(scenario: Scenario, redundant_s: float = 0.0) -> Outcome:
     if uploads is not None:
         uploads.finish()
     return tally.outcome()
+
+
+# ---------------------------------------------------------------------------------- reference
+def run_reference(scenario: Scenario, reserve_s: float) -> Outcome:
+    tally = Tally(scenario)
+    uploads = UploadLine(scenario, tally) if scenario.uploads is not None else None
+
+    def durable(write: Write) -> bool:
+        done = tally.durable(write)
+        if done and uploads is not None:
+            uploads.add(write.step, write.durable)
+        return done
+
+    rate_per_s = scenario.surprise_rate_per_day / 86_400.0
+    costs = [scenario.blocking_s(k) for k in range(1, len(scenario.steps) + 1)]
+    cost = sum(costs) / len(costs) if costs else 0.0
+    interval = math.sqrt(2.0 * max(cost, 1e-3) / rate_per_s) if rate_per_s > 0 else math.inf
+    changes = sorted(scenario.changes, key=lambda c: c.at)
+    deadline, saved_for = scenario.deadline, None  # the deadline its one save was for
+    now, trained, checkpoint_trained = 0.0, 0.0, 0.0
+    in_flight: Write | None = None
+    for step, duration in enumerate(scenario.steps, start=1):
+        boundary = now + duration
+        if boundary > scenario.reclaim_at:
+            break
+        now, trained = boundary, trained + duration
+        while changes and changes[0].at <= now:
+            deadline = changes.pop(0).deadline
+        last_fit = _last_boundary_that_fits(scenario, step, now, deadline - reserve_s)
+        periodic = trained - checkpoint_trained >= interval
+        if (last_fit and saved_for != deadline) or periodic or scenario.own_save(step):
+            if last_fit:
+                saved_for = deadline
+            if in_flight is not None:  # the previous write must finish first
+                now = max(now, in_flight.durable)
+                durable(in_flight)
+                in_flight = None
+            write = tally.begin(step, now)
+            checkpoint_trained = trained
+            if scenario.blocking is None:
+                if not durable(write):
+                    break
+                now = write.durable
+            else:
+                now, in_flight = write.resumes, write
+    if in_flight is not None:
+        durable(in_flight)
+    if uploads is not None:
+        uploads.finish()
+    return tally.outcome()
+
+
+def _last_boundary_that_fits(scenario: Scenario, step: int, now: float, durable_by: float) -> bool:
+    """A save here (and its upload) is durable by `durable_by`, and one at the next boundary would
+    not be."""
+    if now + scenario.saves[step - 1] + _upload_s(scenario, step) > durable_by:
+        return False
+    if step >= len(scenario.steps):
+        return True
+    return now + scenario.steps[step] + scenario.saves[step] + _upload_s(scenario, step + 1) > durable_by
 
 
 # ---------------------------------------------------------------------------------- esiwrap

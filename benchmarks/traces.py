@@ -33,9 +33,27 @@ and combinations and new shapes of run:
     upload-resumed  upload-big, on a run that starts with the previous run's state file (its saves
                   and uploads measured three times, within 5 % of this run's first)
 
+and at real scale:
+
+    huge-save     saves of 10-30 minutes (a 70B-class model with its optimizer state), one size a run
+    huge-async    asynchronous saves of 10-30 minutes
+    surprise-week constant, with interruptions that give no notice, one a week (Poisson), on
+                  reserved capacity of 32 nodes (a job that large sees about that many node failures)
+    surprise-day  the same, one a day, on 256 reserved nodes
+    surprise-spot the same, at `spot_rate` a day, on one spot instance
+    big-surprise-day   big-save with surprises one a day (256 reserved nodes)
+    huge-surprise-week huge-save with surprises one a week (32 reserved nodes)
+
 In every family the deadline is drawn in [0.9, 1.1] x `horizon` (so it falls anywhere within a
 step), and reclamation comes `early` seconds before the deadline, an offset no policy knows:
-0 in most runs, up to `early_max` in a fraction `early_prob` of them.
+0 in most runs, up to `early_max` in a fraction `early_prob` of them. A surprise interruption
+that comes before that is the run's reclamation instead.
+
+What a real run knows before its first save rides along with every trace (`with_knowledge`), from
+random streams of its own, so the traces themselves are those of the first rounds: the
+checkpoint's size and a storage probe whose error is log-normal (`prior_sigma`; `prior=False`
+leaves both out), the kind of capacity the deadline source reports (reserved; spot for the families
+with a spot notice) and the job's node count.
 """
 
 from __future__ import annotations
@@ -45,6 +63,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+from esiwrap.deadline.value import CapacityKind
 from esiwrap.replay import DeadlineChange, Trace
 
 
@@ -67,10 +86,16 @@ class Params:
     early_max_s: float = 120.0
     save_freq: int = 10
     async_block: float = 0.1
+    huge_save_s: tuple[float, float] = (600.0, 1800.0)
+    prior: bool = True  # the trainer reports its checkpoint's bytes and the storage is probed
+    prior_sigma: float = 0.5  # log-normal error of that prior against the real save
+    spot_rate: float = 8.0  # surprise-spot: interruptions a day on spot capacity (esiwrap's default)
     upload_factor: tuple[float, float] = (3.0, 6.0)
 
 
 Scenario = Trace  # one run of a family: `esiwrap.replay.Trace`
+NOMINAL_BPS = 1e9  # the storage's real speed; only the ratio to the probe matters
+WEEK_NODES, DAY_NODES = 32, 256  # reserved jobs that see about one node failure a week, a day
 
 
 def _positive(value: float, floor: float) -> float:
@@ -224,6 +249,44 @@ def big_moving(rng: random.Random, p: Params) -> Scenario:
     return replace(moving(rng, p, save=size), family="big-moving")
 
 
+def huge_save(rng: random.Random, p: Params) -> Scenario:
+    size = rng.uniform(*p.huge_save_s)
+    return _scenario("huge-save", rng, p, lambda k: p.step_s, lambda k, at: size)
+
+
+def huge_async(rng: random.Random, p: Params) -> Scenario:
+    return _asynchronous(huge_save(rng, p), "huge-async", p)
+
+
+def _surprised(base: Scenario, family: str, rng: random.Random, rate_per_day: float,
+               capacity: CapacityKind, nodes: int) -> Scenario:
+    """Interruptions with no notice at `rate_per_day` (Poisson): the first one that comes before
+    the reclamation of the known deadline is the run's end."""
+    first = rng.expovariate(rate_per_day / 86_400.0) if rate_per_day > 0 else math.inf
+    return replace(base, family=family, reclaim_at=min(base.reclaim_at, first), capacity=capacity,
+                   nodes=nodes, surprise_rate_per_day=rate_per_day, surprised=first < base.reclaim_at)
+
+
+def surprise_week(rng: random.Random, p: Params) -> Scenario:
+    return _surprised(constant(rng, p), "surprise-week", rng, 1.0 / 7.0, "reserved", WEEK_NODES)
+
+
+def surprise_day(rng: random.Random, p: Params) -> Scenario:
+    return _surprised(constant(rng, p), "surprise-day", rng, 1.0, "reserved", DAY_NODES)
+
+
+def surprise_spot(rng: random.Random, p: Params) -> Scenario:
+    return _surprised(constant(rng, p), "surprise-spot", rng, p.spot_rate, "spot", 1)
+
+
+def big_surprise_day(rng: random.Random, p: Params) -> Scenario:
+    return _surprised(big_save(rng, p), "big-surprise-day", rng, 1.0, "reserved", DAY_NODES)
+
+
+def huge_surprise_week(rng: random.Random, p: Params) -> Scenario:
+    return _surprised(huge_save(rng, p), "huge-surprise-week", rng, 1.0 / 7.0, "reserved", WEEK_NODES)
+
+
 def _with_uploads(base: Scenario, family: str, rng: random.Random, p: Params) -> Scenario:
     """The same run with `--upload`: a checkpoint's upload takes a few times its save."""
     factor = rng.uniform(*p.upload_factor)
@@ -263,13 +326,34 @@ FAMILIES: dict[str, Callable[[random.Random, Params], Scenario]] = {
     "big-jitter": big_jitter,
     "big-renewal": big_renewal,
     "big-moving": big_moving,
+    "huge-save": huge_save,
+    "huge-async": huge_async,
+    "surprise-week": surprise_week,
+    "surprise-day": surprise_day,
+    "surprise-spot": surprise_spot,
+    "big-surprise-day": big_surprise_day,
+    "huge-surprise-week": huge_surprise_week,
     "upload": upload,
     "upload-big": upload_big,
     "upload-resumed": upload_resumed,
 }
+SPOT_FAMILIES = frozenset({"moving", "big-moving"})  # a spot notice: the capacity is spot
+SURPRISE_FAMILIES = frozenset(f for f in FAMILIES if "surprise" in f)
+
+
+def with_knowledge(scenario: Scenario, rng: random.Random, p: Params) -> Scenario:
+    """What a real run would know before its first save: the capacity's kind (unless the family set
+    it) and, with `prior`, the checkpoint's bytes and a probe of the storage with its error."""
+    capacity = scenario.capacity or ("spot" if scenario.family in SPOT_FAMILIES else "reserved")
+    if not p.prior:
+        return replace(scenario, capacity=capacity)
+    error = math.exp(rng.gauss(0.0, p.prior_sigma))  # prior / real save
+    return replace(scenario, capacity=capacity, checkpoint_bytes=scenario.saves[0] * NOMINAL_BPS,
+                   probe_bps=NOMINAL_BPS / error)
 
 
 def generate(family: str, run: int, seed: int, params: Params) -> Scenario:
     """The `run`-th scenario of a family: the same for every policy and every invocation."""
     rng = random.Random(f"{seed}:{family}:{run}")
-    return FAMILIES[family](rng, params)
+    scenario = FAMILIES[family](rng, params)
+    return with_knowledge(scenario, random.Random(f"{seed}:{family}:{run}:prior"), params)

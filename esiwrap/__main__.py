@@ -1,5 +1,9 @@
 from __future__ import annotations
 
-from esiwrap.cli import main
+from esiwrap import early
+
+early.catch()  # before the imports below: signal-ready at once (see esiwrap._console)
+
+from esiwrap.cli import main  # noqa: E402
 
 raise SystemExit(main())

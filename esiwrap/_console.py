@@ -1,8 +1,11 @@
 """The `esiwrap` executable: `esiwrap.cli.main`, started and ended light.
 
-Start: the garbage collector is off while the modules load. They make tens of thousands of
-objects that live as long as the process, so collecting them finds nothing; `cli` freezes them
-and turns the collector back on before supervision begins (`resume_gc`).
+Start: the signals first (`esiwrap.early.catch`), before anything else is imported: from then on
+a signal does not kill a starting supervisor, it waits in a pipe for the loop (a subcommand gives
+them back: `esiwrap report` stops on Ctrl-C as any program does). Then the garbage collector is
+off while the modules load. They make tens of thousands of objects that live as long as the
+process, so collecting them finds nothing; `cli` freezes them and turns the collector back on
+before supervision begins (`cli.resume_gc`).
 
 End: once stdout and stderr are flushed, the process leaves with `os._exit`. Tearing every
 module down one object at a time costs more than a short run's whole supervision (about 8 ms
@@ -13,14 +16,19 @@ a test or a tool may run inside a process that goes on afterwards.
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import os
 import sys
-from typing import NoReturn
+
+TYPE_CHECKING = False  # typing costs milliseconds before the signals are caught
+if TYPE_CHECKING:
+    from typing import NoReturn
 
 
 def console() -> NoReturn:
+    from esiwrap import early
+
+    early.catch()
     gc.disable()
     from esiwrap.cli import main
 
@@ -30,13 +38,6 @@ def console() -> NoReturn:
         code = _exit_code(exc.code)
     _flush()
     os._exit(code)
-
-
-def resume_gc() -> None:
-    """Start-up is over: what exists now stays, so the collector skips it from here on."""
-    if not gc.isenabled():
-        gc.freeze()
-        gc.enable()
 
 
 def _exit_code(code: object) -> int:
@@ -49,6 +50,8 @@ def _exit_code(code: object) -> int:
 
 
 def _flush() -> None:
+    import contextlib
+
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):  # a closed pipe (`esiwrap report | head`)
             stream.flush()

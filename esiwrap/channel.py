@@ -1,11 +1,13 @@
 """Trainer -> supervisor messages: JSON datagrams on a Unix socket named by `ESIWRAP_SOCKET`.
 
 Datagrams keep message boundaries, need no connection, and a full or missing receiver makes
-`send` fail at once instead of blocking a training step. Messages (every one carries `pid`):
+`send` fail at once instead of blocking a training step. Messages (every one carries `pid`; their
+type names are `esiwrap.messages`):
 
     {"type": "hello", "pid": P, "rank": 0, "world_size": 1, "saves": true, "signal": true,
      "stop_signal": "SIGINT", "integration": "plain", "version": "..."}
     {"type": "step", "pid": P, "step": N, "duration_s": 1.23}
+    {"type": "checkpoint", "pid": P, "bytes": 1.4e11}   (a checkpoint's size, once known or changed)
     {"type": "save_begin", "pid": P, "step": N}
     {"type": "save_snapshot", "pid": P, "step": N, "duration_s": 0.4}   (asynchronous saves)
     {"type": "save_end", "pid": P, "step": N, "ok": true, "path": "...", "duration_s": 4.5,
@@ -34,14 +36,13 @@ import socket
 from dataclasses import dataclass, field
 from typing import Any
 
+from esiwrap import messages
 from esiwrap.envvars import SIGNAL_ENV, SOCKET_ENV
 
 __all__ = ["SIGNAL_ENV", "SOCKET_ENV", "ChannelClient", "ChannelServer", "Message", "decode"]
 MAX_DATAGRAM = 64 * 1024
 MAX_PID = 2**22  # the kernel's PID_MAX_LIMIT: larger is no process
-MESSAGE_TYPES = frozenset({
-    "hello", "step", "save_begin", "save_snapshot", "save_end", "bye", "deadline", "start",
-})
+MESSAGE_TYPES = messages.ALL
 
 
 @dataclass(frozen=True)

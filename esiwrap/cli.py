@@ -1,36 +1,28 @@
 """Command line: `esiwrap [OPTIONS] -- COMMAND...`, `esiwrap deadline`, and the other subcommands.
 
-Every option can also come from `ESIWRAP_<NAME>` (the flag wins). Bad values stop here with exit
-2 and one line naming the input, the bad value and a good example; nothing below this module
-parses user text.
+The run options (their table, parsers and resolution: flag, else `ESIWRAP_<NAME>`, else default)
+are `esiwrap.options`; here the argv is split into options and command, the subcommands parse
+theirs, and every bad input ends with exit 2 and one line naming the input, the bad value and a
+good example (`fail`). Only the entry points (`_console`, `__main__`) import this module.
 """
 
 from __future__ import annotations
 
 import argparse
 import difflib
+import gc
 import json
-import math
 import os
 import shlex
-import signal
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from functools import partial
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from esiwrap import __version__
-from esiwrap.choices import AFTER_SAVE, LOG_FORMATS, LOG_LEVELS, ON_SIGTERM
-from esiwrap.deadline import Answer, TimeParseError, ask_all, parse_duration, parse_when, winner
-from esiwrap.deadline.metadata import AWS_METADATA_URL, VOLCENGINE_METADATA_URL
-from esiwrap.deadline.registry import (
-    DEFAULT_SOURCES,
-    KNOWN_SOURCES,
-    SourceSettings,
-    build_sources,
-    parse_source_names,
-)
+from esiwrap.deadline import Answer, ask_all, slurm, winner
+from esiwrap.deadline.registry import build_sources
 from esiwrap.envvars import COMMAND_ENV, LOG_FILE_ENV, PREFIX, STATUS_FILE_ENV
 from esiwrap.errors import (
     EXIT_FAILURE,
@@ -41,308 +33,23 @@ from esiwrap.errors import (
     EsiwrapError,
     UsageError,
 )
-from esiwrap.policy import PolicyConfig
-from esiwrap.signals import signal_label, signal_number
+from esiwrap.options import (
+    ALL_RUN_OPTIONS,
+    RUN_FLAGS,
+    RUN_OPTIONS,
+    SOURCE_OPTIONS,
+    OptionParser,
+    add_options,
+    build_run_parser,
+    controller_config,
+    resolve_options,
+)
 
 if TYPE_CHECKING:
     from esiwrap.deadline import Deadline
     from esiwrap.integrations.ray_nodes import NodeAnswers
 
 SUBCOMMANDS = ("deadline", "report", "status", "systemd-unit")
-SAVE_SIGNALS = ("SIGUSR1", "SIGUSR2")
-STOP_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGKILL")
-
-
-@dataclass(frozen=True)
-class Option:
-    flag: str
-    parse: Callable[[str], Any]
-    default: Any
-    example: str
-    help: str
-    choices: tuple[str, ...] = ()
-
-    @property
-    def dest(self) -> str:
-        return self.flag.lstrip("-").replace("-", "_")
-
-    @property
-    def env(self) -> str:
-        return PREFIX + self.dest.upper()
-
-    @property
-    def default_text(self) -> str:
-        value = self.default
-        if value is None:
-            return "none"
-        if isinstance(value, list):
-            return ",".join(value)
-        if isinstance(value, bool):
-            return "on" if value else "off"
-        if self.dest in ("signal", "stop_signal"):
-            return signal_label(value)
-        if isinstance(value, float):
-            return f"{value:g}"
-        return str(value)
-
-    @property
-    def metavar(self) -> str:
-        if self.choices:
-            return "{" + ",".join(self.choices) + "}"
-        if self.parse is _seconds:
-            return "SECONDS"
-        return self.dest.upper()
-
-
-def _seconds(text: str) -> float:
-    try:
-        return parse_duration(text)
-    except TimeParseError:
-        msg = "not a number of seconds"
-        raise ValueError(msg) from None
-
-
-def _positive_int(text: str) -> int:
-    value = int(text.strip())
-    if value < 1:
-        msg = "must be at least 1"
-        raise ValueError(msg)
-    return value
-
-
-def _quantile(text: str) -> float:
-    if text.strip().lower() == "max":
-        return 1.0
-    value = float(text)
-    if not 0.0 < value <= 1.0:
-        msg = "must be in (0, 1] or 'max'"
-        raise ValueError(msg)
-    return value
-
-
-def _bool(text: str) -> bool:
-    lowered = text.strip().lower()
-    if lowered in ("1", "true", "yes", "on"):
-        return True
-    if lowered in ("0", "false", "no", "off", ""):
-        return False
-    msg = "not a boolean"
-    raise ValueError(msg)
-
-
-def _factor(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value) or value < 1.0:
-        msg = "must be a number of at least 1"
-        raise ValueError(msg)
-    return value
-
-
-def _rate(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value) or value < 0.0:
-        msg = "must be a number of interruptions a day, 0 or more"
-        raise ValueError(msg)
-    return value
-
-
-def _state_file(text: str) -> str:
-    path = os.path.abspath(os.path.expanduser(text.strip()))
-    directory = os.path.dirname(path)
-    if os.path.isdir(path):
-        msg = "is a directory; name a file in it, e.g. /mnt/checkpoints/job/esiwrap-state.json"
-        raise ValueError(msg)
-    if not os.path.isdir(directory):
-        msg = f"directory {directory} does not exist; create it (next to the checkpoints)"
-        raise ValueError(msg)
-    if not os.access(directory, os.W_OK):
-        msg = f"directory {directory} is not writable"
-        raise ValueError(msg)
-    return path
-
-
-def _upload_command(text: str) -> str:
-    import re
-
-    command = text.strip()
-    unknown = sorted({m for m in re.findall(r"(?<!\$)\{(\w*)\}", command) if m not in ("path", "step")})
-    if unknown:
-        msg = (f"unknown placeholder {{{unknown[0]}}}: the command may use {{path}} (the checkpoint, "
-               "shell-quoted) and {step}; e.g. --upload 'aws s3 cp --recursive {path} s3://bucket/job/{step}/'")
-        raise ValueError(msg)
-    return command
-
-
-def _signal_parser(allowed: Sequence[str]) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        signum = signal_number(text)
-        if signum is None or signal_label(signum) not in allowed:
-            msg = f"must be one of {', '.join(allowed)}"
-            raise ValueError(msg)
-        return signum
-
-    return parse
-
-
-def _choice(allowed: Sequence[str]) -> Callable[[str], str]:
-    def parse(text: str) -> str:
-        value = text.strip().lower()
-        if value not in allowed:
-            msg = f"must be one of {', '.join(allowed)}"
-            raise ValueError(msg)
-        return value
-
-    return parse
-
-
-def _identity(text: str) -> str:
-    return text
-
-
-def _deadline_text(text: str) -> str:
-    parse_when(text, time.time())  # validate now; the source parses again at launch
-    return text
-
-
-def _metadata_url(text: str) -> str:
-    url = text.strip().rstrip("/")
-    if not url.startswith("http://") or len(url) <= len("http://"):
-        msg = "the metadata service is plain HTTP; use http://HOST[:PORT]"
-        raise ValueError(msg)
-    return url
-
-
-def _endpoint(text: str) -> str:
-    url = text.strip().rstrip("/")
-    if not url or " " in url:
-        msg = "not a host or URL"
-        raise ValueError(msg)
-    return url
-
-
-def _sources(text: str) -> list[str]:
-    try:
-        return parse_source_names(text)
-    except UsageError:
-        msg = f"unknown source name; choose from {','.join(KNOWN_SOURCES)}"
-        raise ValueError(msg) from None
-
-
-SOURCE_OPTIONS = (
-    Option("--deadline", _deadline_text, None, "+2h",
-           "expiry: epoch s/ms, ISO-8601 with offset, or +90s/+15m/+2h; overrides discovery"),
-    Option("--sources", _sources, list(DEFAULT_SOURCES), ",".join(DEFAULT_SOURCES),
-           "ordered deadline sources"),
-    Option("--sagemaker-lead", _seconds, 1800.0, "1800",
-           "seconds before a SageMaker capacity block's end time that termination starts"),
-    Option("--refresh", _seconds, 300.0, "300", "seconds between deadline re-resolutions"),
-    Option("--volcengine-endpoint", _endpoint, None, "https://ecs.cn-beijing.volcengineapi.com",
-           "ECS OpenAPI endpoint (host or URL); default: the SDK's endpoint for the region"),
-    Option("--volcengine-region", _identity, None, "cn-beijing",
-           "ECS region (else VOLCENGINE_REGION, else the metadata service's region_id)"),
-    Option("--volcengine-timeout", _seconds, 5.0, "5", "ECS OpenAPI read timeout per attempt"),
-    Option("--metadata-url", _metadata_url, VOLCENGINE_METADATA_URL, VOLCENGINE_METADATA_URL,
-           "Volcengine instance metadata service"),
-    Option("--aws-metadata-url", _metadata_url, AWS_METADATA_URL, AWS_METADATA_URL,
-           "AWS instance metadata service (aws-spot)"),
-)
-
-RUN_OPTIONS = (
-    Option("--redundant-time", _seconds, 120.0, "120", "slack before the deadline for the insurance save"),
-    Option("--save-duration", _seconds, 60.0, "60", "initial save-time estimate, until a save is measured"),
-    Option("--unmeasured-factor", _factor, 6.0, "6",
-           "until a save is measured, the insurance save assumes --save-duration times this"),
-    Option("--interruption-rate", _rate, 1.0, "1",
-           "interruptions a day to guard against with periodic saves (Young/Daly); 0 turns them off"),
-    Option("--state-file", _state_file, None, "/mnt/checkpoints/job/esiwrap-state.json",
-           "keep this job's measured step and save times here, for the next run"),
-    Option("--upload", _upload_command, None, "'aws s3 cp --recursive {path} s3://bucket/job/{step}/'",
-           "after each completed save, run this shell command ({path}, {step}); exit 75 only once "
-           "the last checkpoint's upload completed"),
-    Option("--upload-duration", _seconds, 60.0, "600",
-           "the upload time expected until one is measured (times --unmeasured-factor for the "
-           "insurance save)"),
-    Option("--local-checkpoints-survive", _bool, False, "true",
-           "this machine's local disk outlives the instance: no checkpoint_not_durable warning"),
-    Option("--step-window", _positive_int, 100, "100", "how many recent step intervals to learn from"),
-    Option("--step-quantile", _quantile, 0.99, "0.99 or max", "quantile of the window used as the step time"),
-    Option("--final-save", _bool, True, "true", "after the insurance save, keep training and save again"),
-    Option("--final-margin", _seconds, 5.0, "5", "slack before the deadline for final saves"),
-    Option("--after-save", _choice(AFTER_SAVE), "stop", "stop",
-           "once the last planned save is acknowledged: stop the child, let it train until the stop "
-           "must begin (linger: a later deadline is followed), or leave it running", AFTER_SAVE),
-    Option("--stop-grace", _seconds, 30.0, "30", "seconds between the stop signal and SIGKILL"),
-    Option("--stop-budget", _seconds, None, "30",
-           "seconds the platform gives a stop before its SIGKILL (docker stop: 10, Kubernetes: 30); "
-           "warns when a step, a save and --stop-grace do not fit"),
-    Option("--on-sigterm", _choice(ON_SIGTERM), "checkpoint", "checkpoint",
-           "SIGTERM to esiwrap: save first, or just forward", ON_SIGTERM),
-    Option("--signal", _signal_parser(SAVE_SIGNALS), int(signal.SIGUSR1), "SIGUSR1",
-           "the save signal sent to registered trainers", SAVE_SIGNALS),
-    Option("--signal-child", _bool, False, "true",
-           "send the save signal to the direct child, which handles it itself"),
-    Option("--stop-signal", _signal_parser(STOP_SIGNALS), int(signal.SIGTERM), "SIGTERM",
-           "first signal of the stop sequence", STOP_SIGNALS),
-)
-
-LOG_OPTIONS = (
-    Option("--log-file", _identity, None, "/var/log/esiwrap/job.jsonl", "also write JSON lines here"),
-    Option("--log-format", _choice(LOG_FORMATS), None, "json",
-           "json (default when stderr is not a terminal) or console", LOG_FORMATS),
-    Option("--log-level", _choice(LOG_LEVELS), "info", "info", "least severe level written", LOG_LEVELS),
-)
-
-def _port(text: str) -> int:
-    value = int(text.strip())
-    if not 0 <= value <= 65535:
-        msg = "must be 0..65535 (0: any free port)"
-        raise ValueError(msg)
-    return value
-
-
-def _address(text: str) -> str:
-    from esiwrap.endpoint import parse_address
-
-    return parse_address(text)
-
-
-def _file_in_existing_dir(text: str) -> str:
-    path = os.path.abspath(os.path.expanduser(text.strip()))
-    directory = os.path.dirname(path)
-    if not os.path.isdir(directory):
-        msg = f"directory {directory} does not exist; create it or choose another path"
-        raise ValueError(msg)
-    if os.path.isdir(path):
-        msg = "is a directory; give a file path"
-        raise ValueError(msg)
-    return path
-
-
-def _status_file(text: str) -> str:
-    if text.strip().lower() in ("auto", "none"):
-        return text.strip().lower()
-    return _file_in_existing_dir(text)
-
-
-OBSERVE_OPTIONS = (
-    Option("--metrics-file", _file_in_existing_dir, None, "/var/lib/node_exporter/textfile/esiwrap.prom",
-           "write Prometheus metrics here on every change (node_exporter textfile collector)"),
-    Option("--metrics-port", _port, None, "9478",
-           "serve Prometheus metrics on this TCP port (0: any free port; see metrics_serving)"),
-    Option("--metrics-address", _address, "127.0.0.1", "0.0.0.0",
-           "address the metrics port listens on (0.0.0.0 or :: for every interface)"),
-    Option("--status-file", _status_file, "auto", "/run/esiwrap/job.json",
-           "where `esiwrap status` finds this run (auto: a per-user runtime directory; none: no file)"),
-)
-
-ALL_RUN_OPTIONS = SOURCE_OPTIONS + RUN_OPTIONS + LOG_OPTIONS + OBSERVE_OPTIONS
-BOOLEAN_FLAGS = {"--final-save", "--signal-child", "--local-checkpoints-survive"}
-# Every long option of a run, and whether it takes a value (the splitter must know).
-_RUN_FLAGS: dict[str, bool] = {
-    **{opt.flag: opt.flag not in BOOLEAN_FLAGS for opt in ALL_RUN_OPTIONS},
-    **{"--no-" + flag[2:]: False for flag in BOOLEAN_FLAGS},
-    "--help": False, "--version": False,
-}
 
 
 def fail(message: str, code: int = EXIT_USAGE) -> NoReturn:
@@ -350,102 +57,8 @@ def fail(message: str, code: int = EXIT_USAGE) -> NoReturn:
     raise SystemExit(code)
 
 
-class _Formatter(argparse.HelpFormatter):
-    """argparse's help layout, sized without importing shutil: argparse builds a formatter for
-    every option it adds, and shutil brings the compression modules along (start-up time)."""
-
-    def __init__(self, prog: str) -> None:
-        super().__init__(prog, width=_terminal_columns() - 2)
-
-
-def _terminal_columns() -> int:
-    try:
-        return max(40, int(os.environ.get("COLUMNS", "")))
-    except ValueError:
-        pass
-    try:
-        return max(40, os.get_terminal_size(sys.stdout.fileno()).columns)
-    except (OSError, ValueError, AttributeError):
-        return 80
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse, but errors are one line and exit 2."""
-
-    def __init__(self, **kwargs: Any) -> None:
-        kwargs.setdefault("formatter_class", _Formatter)
-        super().__init__(**kwargs)
-
-    def error(self, message: str) -> NoReturn:
-        fail(f"{message}; see esiwrap --help")
-
-
-def _add_options(parser: argparse.ArgumentParser, options: Sequence[Option]) -> None:
-    for opt in options:
-        env_note = f" [env {opt.env}; default {opt.default_text}]"
-        if opt.flag in BOOLEAN_FLAGS:
-            negative = "--no-" + opt.flag[2:]
-            parser.add_argument(opt.flag, dest=opt.dest, action="store_const", const="true",
-                                help=opt.help + env_note)
-            parser.add_argument(negative, dest=opt.dest, action="store_const", const="false",
-                                help="the opposite" if opt.flag == "--final-save" else argparse.SUPPRESS)
-        else:
-            parser.add_argument(opt.flag, dest=opt.dest, metavar=opt.metavar, help=opt.help + env_note)
-
-
-def resolve_options(
-    ns: argparse.Namespace, options: Sequence[Option], environ: Mapping[str, str]
-) -> dict[str, Any]:
-    """Flag, else ESIWRAP_<NAME>, else default; each parsed, a bad one raising `UsageError` with
-    the line to show (`main` exits 2 with it; a Ray node's probe reports it)."""
-    values: dict[str, Any] = {}
-    for opt in options:
-        raw = getattr(ns, opt.dest, None)
-        label = opt.flag
-        if raw is None and environ.get(opt.env, "").strip():
-            raw, label = environ[opt.env], opt.env
-        if raw is None:
-            values[opt.dest] = opt.default
-            continue
-        try:
-            values[opt.dest] = opt.parse(raw)
-        except (ValueError, KeyError) as exc:
-            reason = _reason(exc)
-            shown = "e.g." in reason or opt.example.split()[0] in reason
-            example = "" if shown else f"; e.g. {opt.flag} {opt.example}"
-            msg = f"{label} {raw!r}: {reason}{example}"
-            raise UsageError(msg) from None
-    return values
-
-
-def _reason(exc: BaseException) -> str:
-    text = str(exc)
-    if "invalid literal" in text or "could not convert" in text:
-        return "not a number"
-    if isinstance(exc, KeyError):
-        return "unknown name"
-    return text or type(exc).__name__
-
-
-def build_run_parser() -> argparse.ArgumentParser:
-    parser = _Parser(
-        prog="esiwrap",
-        usage="esiwrap [OPTIONS] -- COMMAND [ARGS...]\n"
-        "       esiwrap {deadline,report,status,systemd-unit} ...",
-        description="Run COMMAND and checkpoint it at the last safe moment before the capacity it "
-        "runs on is reclaimed. Exit codes: the child's own; 75 stopped after a completed "
-        "checkpoint (with --upload: and its upload); 74 with --upload, the last checkpoint is complete "
-        "on local storage only (its upload did not finish); 76 no acknowledged checkpoint before the "
-        "deadline; 2 usage; 126/127 command not executable/not found; 1 esiwrap failed.",
-    )
-    parser.add_argument("--version", action="version", version=f"esiwrap {__version__}")
-    _add_options(parser, ALL_RUN_OPTIONS)
-    parser.add_argument("command", nargs=argparse.REMAINDER, help="the training command")
-    return parser
-
-
 def build_deadline_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="esiwrap deadline",
+    parser = OptionParser(prog="esiwrap deadline",
                      description="Ask every deadline source, print what each said and the winner. "
                      "Exit 0 when a deadline is known, 3 when none.")
     parser.add_argument("--json", action="store_true", help="one JSON object for machines")
@@ -455,57 +68,22 @@ def build_deadline_parser() -> argparse.ArgumentParser:
     parser.add_argument("--address", metavar="HOST:PORT",
                         help="the Ray cluster for --cluster (default: RAY_ADDRESS, else the one "
                         "started on this machine)")
-    _add_options(parser, SOURCE_OPTIONS)
+    add_options(parser, SOURCE_OPTIONS)
     return parser
 
 
-def source_settings(values: Mapping[str, Any]) -> SourceSettings:
-    return SourceSettings(
-        deadline=values["deadline"],
-        sagemaker_lead_s=values["sagemaker_lead"],
-        refresh_s=values["refresh"],
-        volcengine_endpoint=values["volcengine_endpoint"],
-        volcengine_region=values["volcengine_region"],
-        volcengine_timeout_s=values["volcengine_timeout"],
-        metadata_url=values["metadata_url"],
-        aws_metadata_url=values["aws_metadata_url"],
-    )
-
-
-def policy_config(values: Mapping[str, Any]) -> PolicyConfig:
-    return PolicyConfig(
-        redundant_s=values["redundant_time"],
-        save_duration_s=values["save_duration"],
-        unmeasured_factor=values["unmeasured_factor"],
-        interruption_rate_per_day=values["interruption_rate"],
-        step_window=values["step_window"],
-        step_quantile=values["step_quantile"],
-        final_save=values["final_save"],
-        final_margin_s=values["final_margin"],
-        uploads=values["upload"] is not None,
-        upload_duration_s=values["upload_duration"],
-    )
-
-
 def supervisor_config(command: Sequence[str], values: Mapping[str, Any], run_id: str = "") -> Any:
-    """The supervisor's settings from the run options (also what benchmarks/simulate.py runs)."""
+    """The supervisor's settings from the run options: the controller's (`options.controller_config`,
+    what the simulator and `--what-if` run too) and the shell's own."""
     from esiwrap.supervisor import SupervisorConfig
 
     return SupervisorConfig(
         argv=list(command),
-        policy=policy_config(values),
-        save_signal=values["signal"],
-        stop_signal=values["stop_signal"],
-        stop_grace_s=values["stop_grace"],
-        after_save=values["after_save"],
-        on_sigterm=values["on_sigterm"],
-        signal_child=values["signal_child"],
+        controller=controller_config(values),
         run_id=run_id,
         state_file=values["state_file"],
-        stop_budget_s=values["stop_budget"],
         settings={opt.flag: values[opt.dest] for opt in RUN_OPTIONS},
         upload=values["upload"],
-        local_checkpoints_survive=values["local_checkpoints_survive"],
     )
 
 
@@ -540,7 +118,6 @@ def run(argv: Sequence[str], environ: Mapping[str, str]) -> int:
     values = resolve_options(ns, ALL_RUN_OPTIONS, environ)
 
     from esiwrap import log
-    from esiwrap._console import resume_gc
     from esiwrap.supervisor import Supervisor
 
     resume_gc()  # everything supervision needs is loaded
@@ -555,8 +132,14 @@ def run(argv: Sequence[str], environ: Mapping[str, str]) -> int:
     except OSError as exc:  # what the check above could not foresee (a full disk, a race)
         fail(f"{log_label} {log_file!r}: cannot open it ({exc.strerror or exc}); choose a writable file")
     config = supervisor_config(command, values, run_id)
-    sources = build_sources(values["sources"], source_settings(values), environ, time.time())
-    return Supervisor(config, sources, environ, observe=observe_settings(values, environ)).run()
+    sources = build_sources(values["sources"], values, environ, time.time())
+    before_exit = None
+    if environ.get(slurm.JOB_ID_ENV):  # the trainer is told to survive Slurm's SIGTERM to it
+        config = replace(config, child_env=slurm.child_environment(environ))
+    if values[slurm.REQUEUE.dest]:
+        before_exit = partial(slurm.requeue_expecting_sigterm, environ)
+    return Supervisor(config, sources, environ, observe=observe_settings(values, environ),
+                      before_checkpointed_exit=before_exit).run()
 
 
 def deadline_command(argv: Sequence[str], environ: Mapping[str, str]) -> int:
@@ -567,7 +150,7 @@ def deadline_command(argv: Sequence[str], environ: Mapping[str, str]) -> int:
         fail("--address is for --cluster; e.g. esiwrap deadline --cluster --address 10.0.0.5:6379")
     values = resolve_options(ns, SOURCE_OPTIONS, environ)
     now = time.time()
-    sources = build_sources(values["sources"], source_settings(values), environ, now)
+    sources = build_sources(values["sources"], values, environ, now, explain=True)
     answers = ask_all(sources, now)
     best = winner(answers)
     if ns.json:
@@ -748,7 +331,7 @@ def _takes_value(flag: str) -> bool:
     """Does `flag` (exact, or a unique prefix of a long option) consume the next word?"""
     if not flag.startswith("--"):
         return False
-    known = _RUN_FLAGS
+    known = RUN_FLAGS
     if flag in known:
         return known[flag]
     matches = [name for name in known if name.startswith(flag)]
@@ -796,9 +379,18 @@ def _refuse_mistyped_subcommand(word: str, environ: Mapping[str, str]) -> None:
              f"(a command goes after --, e.g. esiwrap -- python train.py)")
 
 
-def _subcommand(name: str, argv: Sequence[str], environ: Mapping[str, str]) -> int:
-    from esiwrap._console import resume_gc
+def resume_gc() -> None:
+    """Start-up is over (`esiwrap._console` turned the collector off while the modules loaded):
+    what exists now stays, so the collector skips it from here on."""
+    if not gc.isenabled():
+        gc.freeze()
+        gc.enable()
 
+
+def _subcommand(name: str, argv: Sequence[str], environ: Mapping[str, str]) -> int:
+    from esiwrap import early
+
+    early.release(redeliver=True)  # no supervisor here: Ctrl-C and SIGTERM act as in any program
     resume_gc()
     if name == "deadline":
         return deadline_command(argv, environ)
@@ -812,7 +404,7 @@ def _subcommand(name: str, argv: Sequence[str], environ: Mapping[str, str]) -> i
 
 
 def build_report_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="esiwrap report",
+    parser = OptionParser(prog="esiwrap report",
                      description="The timeline and figures of esiwrap runs from their JSON-lines log: "
                      "deadline and its changes, planned vs actual save signal, step and save "
                      "estimates vs what happened, the stop, the exit code and the work at risk; with "
@@ -906,7 +498,7 @@ def _write_timelines(ns: argparse.Namespace, events: Sequence[Sequence[Any]], sk
 
 def build_status_parser() -> argparse.ArgumentParser:
 
-    parser = _Parser(prog="esiwrap status",
+    parser = OptionParser(prog="esiwrap status",
                      description="What each running esiwrap knows now: the deadline and its source, the "
                      "next planned save, the last checkpoint, the work at risk. Read from the status "
                      "file each esiwrap keeps (see --status-file of a run). Exit 0 when one is running, "
@@ -971,7 +563,7 @@ def _nothing_running(search: Any, pid: int | None) -> str:
 def build_systemd_unit_parser() -> argparse.ArgumentParser:
     from esiwrap.systemd import unit
 
-    parser = _Parser(
+    parser = OptionParser(
         prog="esiwrap systemd-unit",
         usage="esiwrap systemd-unit [--env-dir DIR] [--esiwrap-path PATH]\n"
         "       esiwrap systemd-unit --install [JOB] [--setenv KEY=VALUE]... [--workdir DIR] "
@@ -1072,5 +664,6 @@ def option_docs() -> list[Any]:
     """Every run option as a job's environment file lists it."""
     from esiwrap.systemd.unit import OptionDoc
 
-    return [OptionDoc(opt.env, "" if opt.default is None else opt.default_text, opt.help)
+    # an option with no default is left empty, unless its default has a word (`auto`)
+    return [OptionDoc(opt.env, "" if opt.default is None and opt.show is None else opt.default_text, opt.help)
             for opt in ALL_RUN_OPTIONS]

@@ -1,7 +1,9 @@
 """The decision core: what the supervisor does, as a pure state machine.
 
-Events go in with the time (`Now`: the wall clock for deadlines, the monotonic clock for waits),
-actions come out (signal these PIDs, stop the child, log this, exit). Nothing here does I/O or
+Inputs go in with the time (`Now`: the wall clock for deadlines, the monotonic clock for waits),
+actions come out (signal these PIDs, stop the child, log this, keep the job's state, exit). An
+input is what happened (a trainer's report, a signal, a deadline answer: the `Input` union);
+"event" is kept for the log's event names (`esiwrap.events`). Nothing here does I/O or
 reads a clock, so the supervisor (`esiwrap.supervisor`, the I/O shell), the policy simulator
 (`benchmarks/simulate.py`) and the property tests all drive this same code.
 
@@ -42,9 +44,11 @@ from typing import Any, NamedTuple
 from esiwrap import events as ev
 from esiwrap.choices import AfterSave, LogLevel, OnSigterm
 from esiwrap.deadline.chain import Answer, winner
-from esiwrap.deadline.value import Deadline, iso_utc
+from esiwrap.deadline.remote import NODE_PREFIX
+from esiwrap.deadline.value import CapacityKind, Deadline, iso_utc
 from esiwrap.errors import EXIT_CHECKPOINTED, EXIT_FAILURE, EXIT_NOT_UPLOADED, EXIT_SAVE_MISSED
 from esiwrap.policy import (
+    Capacity,
     Observations,
     PolicyConfig,
     Prior,
@@ -69,7 +73,7 @@ UPLOAD_ATTEMPTS = 3  # a failed upload of the newest checkpoint is tried again, 
 UPLOAD_RETRY_S = (5.0, 30.0)  # the waits before the second and the third attempt
 
 
-# Events and actions are NamedTuples: as light to make as a tuple, and cheap to define (esiwrap's
+# Inputs and actions are NamedTuples: as light to make as a tuple, and cheap to define (esiwrap's
 # start-up imports them all).
 NO_FIELDS: Mapping[str, Any] = MappingProxyType({})
 
@@ -99,6 +103,8 @@ class ControllerConfig:
     on_sigterm: OnSigterm = "checkpoint"
     signal_child: bool = False
     stop_budget_s: float | None = None  # what the platform gives a stop before SIGKILL, if declared
+    probe_storage: bool = True  # measure the checkpoint storage's speed before the first save
+    probe_dir: str | None = None  # where to probe when no trainer names its checkpoint directory
     local_checkpoints_survive: bool = False  # no checkpoint_not_durable warning for a local disk
 
     @property
@@ -107,16 +113,7 @@ class ControllerConfig:
         return self.policy.uploads
 
 
-@dataclass(frozen=True)
-class Checkpoint:
-    """A completed checkpoint: the step it holds, where the trainer wrote it, when (wall)."""
-
-    step: int
-    path: str
-    at: float
-
-
-# ---------------------------------------------------------------------------------- events
+# ---------------------------------------------------------------------------------- inputs
 class ChildStarted(NamedTuple):
     pid: int
     argv: tuple[str, ...] = ()
@@ -132,6 +129,30 @@ class Hello(NamedTuple):
     stop_signal: str | None = None
     descendant: bool = True  # the shell checked: the process is in esiwrap's own tree
     fields: Mapping[str, Any] = NO_FIELDS
+    checkpoint_bytes: float | None = None  # what this process writes of a checkpoint, if it said
+    checkpoint_dir: str | None = None  # where its checkpoints go (the storage to probe)
+    resumed_from: str | None = None  # the checkpoint it resumed from (its files are a measurement)
+    nodes: int | None = None  # how many nodes its job spans, if it said (torchrun: world / local)
+    sigterm_saves: bool = False  # it takes SIGTERM as a save request (in a Slurm job)
+
+
+class CheckpointSize(NamedTuple):
+    """A trainer says (again) how many bytes its part of a checkpoint holds."""
+
+    pid: int
+    checkpoint_bytes: float
+
+
+class StorageProbed(NamedTuple):
+    """The shell measured how fast the checkpoint's storage takes writes (a bounded, fsync'd write
+    in the background, or the previous checkpoint's files)."""
+
+    path: str
+    bandwidth_bps: float | None  # None: the probe failed (`error` says why)
+    written_bytes: float = 0.0  # what the probe wrote, or what the previous checkpoint holds
+    seconds: float = 0.0
+    source: str = "probe"  # or "previous checkpoint"
+    error: str = ""
 
 
 class TrainerGone(NamedTuple):
@@ -212,6 +233,8 @@ class DeadlineAnswers(NamedTuple):
 
 
 class SignalReceived(NamedTuple):
+    """A signal to esiwrap (never SIGCHLD: reaping is the shell's, reported as `ChildExited`)."""
+
     name: str  # "SIGTERM"
 
 
@@ -228,10 +251,10 @@ class TreeChecked(NamedTuple):
     remaining: int
 
 
-Event = (
-    ChildStarted | Hello | TrainerGone | Step | SaveBegin | SaveSnapshot | SaveEnd | DeadlineAnswers
-    | SignalReceived
-    | ChildExited | TreeChecked | TrainingStart | UploadStarted | UploadExited | FilesystemChecked
+Input = (
+    ChildStarted | Hello | CheckpointSize | StorageProbed | TrainerGone | Step | SaveBegin | SaveSnapshot
+    | SaveEnd | DeadlineAnswers | SignalReceived | ChildExited | TreeChecked | TrainingStart | UploadStarted
+    | UploadExited | FilesystemChecked
 )
 
 
@@ -256,6 +279,23 @@ class TermLeftovers:
     """The child is gone: SIGTERM to what is left of its tree."""
 
 
+class CheckTree:
+    """While stopping, after every wake-up: reap, and report what is left of the child's tree
+    (`TreeChecked`)."""
+
+
+class KeepState(NamedTuple):
+    """Write the job's state file (`--state-file`), if there is one: what this run measured, after
+    every completed save and upload and once as the shell leaves (`Controller.finish`)."""
+
+    steps: tuple[float, ...]  # the step window
+    saves: tuple[float, ...]  # this run's save durations
+    blocking: tuple[float, ...]  # how long each save esiwrap asked for stopped training
+    uploads: tuple[float, ...] = ()  # this run's completed uploads' durations (`--upload`)
+    checkpoint: Checkpoint | None = None  # this run's last durable checkpoint, if any
+    uploaded: bool = False  # ...durable because its upload completed (else: it completed)
+
+
 class Log(NamedTuple):
     level: LogLevel
     event: str
@@ -273,6 +313,16 @@ class ExtendStopTimeout(NamedTuple):
 class Exit(NamedTuple):
     code: int
     reason: str
+
+
+class ProbeStorage(NamedTuple):
+    """Measure, off the loop, how fast `path`'s filesystem takes a bounded fsync'd write, and what
+    the checkpoint `previous` (if any) holds and how long its files took to write; report each as
+    StorageProbed."""
+
+    path: str | None
+    previous: str | None = None
+    max_bytes: int | None = None  # write no more than this (a checkpoint smaller than the probe)
 
 
 class StartUpload(NamedTuple):
@@ -296,12 +346,13 @@ class CheckFilesystem(NamedTuple):
     path: str
 
 
-TRAINER_REPORTS = (Step, SaveBegin, SaveSnapshot, SaveEnd, TrainingStart)
+TRAINER_REPORTS = (Step, SaveBegin, SaveSnapshot, SaveEnd, CheckpointSize, TrainingStart)
 
 Action = (
-    SendSignal | StopChild | KillTree | TermLeftovers | Log | NotifyStopping | ExtendStopTimeout | Exit
-    | StartUpload | StopUpload | CheckFilesystem
+    SendSignal | StopChild | KillTree | TermLeftovers | CheckTree | Log | NotifyStopping | ExtendStopTimeout
+    | KeepState | Exit | ProbeStorage | StartUpload | StopUpload | CheckFilesystem
 )
+PROBE_REPEAT_S = 6 * 3600.0  # while no save is measured, probe the storage again this often
 
 
 # ---------------------------------------------------------------------------------- state
@@ -315,6 +366,8 @@ class Trainer:
     signal: bool
     stop_signal: str | None
     attached_at: float
+    checkpoint_bytes: float | None = None
+    sigterm_saves: bool = False
 
 
 @dataclass
@@ -328,6 +381,16 @@ class SaveRequest:
     done: dict[int, SaveEnd] = field(default_factory=dict)
     save_started_mono: float | None = None
     save_started_at: float | None = None  # wall: the boundary the checkpoint holds
+
+
+class Checkpoint(NamedTuple):
+    """A completed save: the step it holds, the wall time it completed (acknowledged), and where
+    the trainer wrote it ("" when it named no path). (The boundary it was taken at, from which
+    work is at risk, is `Observations.checkpoint_at`.)"""
+
+    step: int
+    completed_at: float
+    path: str = ""
 
 
 @dataclass
@@ -351,7 +414,8 @@ class StopState:
 
 
 class Controller:
-    """Events in, actions out. Every public method returns the actions to carry out, in order."""
+    """Inputs in, actions out. `handle`, `tick` and `finish` return the actions to carry out, in
+    order; `wake_at` and `snapshot` only tell."""
 
     def __init__(self, config: ControllerConfig, prior: Prior | None = None,
                  resume_from: Checkpoint | None = None) -> None:
@@ -369,18 +433,25 @@ class Controller:
         self.plan: SavePlan | None = None
         self._logged_signal_at: float | None = None
         self._warned_too_close = False
-        self.saves_done = 0  # acknowledged saves against the current deadline
-        self.any_save_completed = False
-        self.last_saved_step: int | None = None
+        # Insurance and final saves acknowledged against the current deadline (the policy's
+        # `saves_done`); back to 0 when a renewal opens a new stretch to insure.
+        self.deadline_saves_done = 0
+        self.last_checkpoint: Checkpoint | None = None  # any completed save, the trainer's own too
         self._ack_until: float | None = None  # monotonic, while DRAINING
         self._sigints = 0
         self.stop: StopState | None = None
         self._exited = False
         self._out: list[Action] = []
         self._budget_warned_s = 0.0  # the stop needed this long when --stop-budget was last warned
-        self.saves_completed = self.saves_failed = self.saves_missed = 0  # for the metrics
-        self.last_checkpoint_at: float | None = None  # wall time the last completed save ended
-        self.last_checkpoint: Checkpoint | None = None
+        # This run's counts, for the metrics: saves completed (asked for, or the trainer's own),
+        # failed (the trainer said so), missed (no acknowledgement in time).
+        self.saves_completed_total = self.saves_failed_total = self.saves_missed_total = 0
+        self._capacities: dict[str, CapacityKind] = {}  # source -> the capacity kind it reported
+        self._checkpoint_dir: str | None = None  # the first directory a trainer named
+        self._probe_asked = False  # the storage probe was asked for (once; then every PROBE_REPEAT_S)
+        self._probe_again_at: float | None = None  # wall time of the next probe, while nothing is measured
+        self._trainer_nodes = 1  # the most nodes a trainer's hello said its job spans
+        self._node_sources: set[str] = set()  # other Ray nodes' sources that answered (node:<id>/…)
         # The newest checkpoint that outlives the instance, as far as esiwrap knows: with --upload,
         # the last one uploaded; without, the last one completed (its filesystem is the user's call).
         self.durable_checkpoint: Checkpoint | None = None
@@ -390,25 +461,72 @@ class Controller:
         self._upload_until: float | None = None  # monotonic, while UPLOADING: the cut-off, then the kill
         self._upload_exit_reason = ""
         self._upload_killed = False
-        self.uploads_completed = self.uploads_failed = 0
+        self.uploads_completed_total = self.uploads_failed_total = 0
         self._filesystem_asked = False
         self._plan_awaits_upload = False  # no further save fits while this upload runs: decide at its end
         self.resume_from = resume_from  # the durable checkpoint an earlier run recorded (state file)
         self._resume_checked = False
 
     # ------------------------------------------------------------------ the two entry points
-    def handle(self, event: Event, now: Now) -> list[Action]:
-        """React to one event, then fire whatever timer it made due."""
-        if isinstance(event, TRAINER_REPORTS) and not self._attached(event.pid):
+    def handle(self, input_: Input, now: Now) -> list[Action]:
+        """React to one input, then fire whatever timer it made due. Anything that is not an
+        `Input` is the caller's bug: TypeError at once."""
+        if isinstance(input_, TRAINER_REPORTS) and not self._attached(input_.pid):
             return self._take()  # only a trainer that said hello reports steps and saves
-        handler = getattr(self, "_on_" + _snake(type(event).__name__))
-        handler(event, now)
+        match input_:
+            case ChildStarted():
+                self._on_child_started(input_, now)
+            case Hello():
+                self._on_hello(input_, now)
+            case CheckpointSize():
+                self._on_checkpoint_size(input_, now)
+            case StorageProbed():
+                self._on_storage_probed(input_, now)
+            case TrainerGone():
+                self._on_trainer_gone(input_, now)
+            case Step():
+                self._on_step(input_, now)
+            case SaveBegin():
+                self._on_save_begin(input_, now)
+            case SaveSnapshot():
+                self._on_save_snapshot(input_, now)
+            case SaveEnd():
+                self._on_save_end(input_, now)
+            case DeadlineAnswers():
+                self._on_deadline_answers(input_, now)
+            case SignalReceived():
+                self._on_signal_received(input_, now)
+            case ChildExited():
+                self._on_child_exited(input_, now)
+            case TreeChecked():
+                self._on_tree_checked(input_, now)
+            case TrainingStart():
+                self._on_training_start(input_, now)
+            case UploadStarted():
+                self._on_upload_started(input_, now)
+            case UploadExited():
+                self._on_upload_exited(input_, now)
+            case FilesystemChecked():
+                self._on_filesystem_checked(input_, now)
+            case _:
+                msg = f"not an input of the controller: {input_!r}"
+                raise TypeError(msg)
         self._fire_timers(now)
         return self._take()
 
     def tick(self, now: Now) -> list[Action]:
-        """The loop woke up (a timer, or anything else): fire the timers that are due."""
+        """The loop woke up (a timer, or anything else): fire the timers that are due; while
+        stopping, ask for the child's tree to be checked."""
         self._fire_timers(now)
+        if self.mode in (Mode.STOPPING, Mode.KILLING) and not self._exited:
+            self._out.append(CheckTree())
+        return self._take()
+
+    def finish(self, now: Now) -> list[Action]:
+        """The shell is leaving (after `Exit`, or on a failure of its own): what must still be
+        carried out. The job's state, when anything was measured."""
+        if self.obs.saves or self.obs.last_step is not None:
+            self._keep_state()
         return self._take()
 
     def wake_at(self, now: Now) -> float | None:
@@ -425,6 +543,8 @@ class Controller:
             timers.append(self.deadline.at)
             if self.mode is Mode.RUNNING and self.plan is not None:
                 timers.append(self.plan.signal_at)
+            if self.mode is Mode.RUNNING and self._probe_again_at is not None and not self.obs.measured:
+                timers.append(self._probe_again_at)
             unattached = self._unattached_stop_at()
             if unattached is not None:
                 timers.append(unattached)
@@ -454,29 +574,40 @@ class Controller:
             self._fire_due_timer(now)
 
     def _fire_due_timer(self, now: Now) -> None:
+        """The timer of the current mode (`_wall_timers`, `_mono_timers`) that is due; first, in any
+        mode, the retry of a failed upload."""
         if self._upload_retry is not None and now.mono >= self._upload_retry[2]:
             self._retry_upload(now)
             return
-        if self.mode is Mode.UPLOADING:
-            self._upload_timer(now)
-        elif self.mode is Mode.CONTINUING:
-            self._begin_stop("checkpoint complete", EXIT_CHECKPOINTED, now)
-        elif self.mode is Mode.DRAINING:
-            if self._ack_until is not None and now.mono >= self._ack_until:
-                self._ack_wait_over(now)
-        elif self.mode in (Mode.STOPPING, Mode.KILLING):
-            self._stop_timer(now)
-        elif self.mode in (Mode.RUNNING, Mode.SAVE_REQUESTED) and self.deadline is not None:
-            unattached = self._unattached_stop_at()
-            if now.wall >= self.deadline.at:
-                self._deadline_reached(now)
-            elif unattached is not None and now.wall >= unattached:
-                self._begin_stop("no trainer attached to save", EXIT_SAVE_MISSED, now)
-            elif self.mode is Mode.RUNNING and self.plan is not None and now.wall >= self.plan.signal_at:
-                self._request_save("deadline", now)
-            elif self.mode is Mode.RUNNING and self._plan_awaits_upload:
-                self._plan_awaits_upload = False
-                self._no_further_save(now)
+        match self.mode:
+            case Mode.UPLOADING:  # the wait for the last upload, then its cut-off
+                self._upload_timer(now)
+            case Mode.CONTINUING:  # the latest moment the stop may begin (linger)
+                self._begin_stop("checkpoint complete", EXIT_CHECKPOINTED, now)
+            case Mode.DRAINING:  # the wait for the acknowledgement
+                if self._ack_until is not None and now.mono >= self._ack_until:
+                    self._ack_wait_over(now)
+            case Mode.STOPPING | Mode.KILLING:  # the grace period, the wait after SIGKILL
+                self._stop_timer(now)
+            case Mode.RUNNING | Mode.SAVE_REQUESTED if self.deadline is not None:
+                self._deadline_timer(self.deadline, now)
+
+    def _deadline_timer(self, deadline: Deadline, now: Now) -> None:
+        """The deadline itself, the latest graceful stop with nobody to save, the planned signal,
+        the next storage probe, the latest stop while the plan waits for an upload's end."""
+        unattached = self._unattached_stop_at()
+        if now.wall >= deadline.at:
+            self._deadline_reached(now)
+        elif unattached is not None and now.wall >= unattached:
+            self._begin_stop("no trainer attached to save", EXIT_SAVE_MISSED, now)
+        elif self.mode is Mode.RUNNING and self.plan is not None and now.wall >= self.plan.signal_at:
+            self._request_save("deadline", now)
+        elif self.mode is Mode.RUNNING and self._probe_again_at is not None \
+                and now.wall >= self._probe_again_at:
+            self._probe_again(now)
+        elif self.mode is Mode.RUNNING and self._plan_awaits_upload:
+            self._plan_awaits_upload = False
+            self._no_further_save(now)
 
     def _take(self) -> list[Action]:
         actions, self._out = self._out, []
@@ -486,120 +617,180 @@ class Controller:
         self._out.append(Log(level, event, fields))
 
     # ------------------------------------------------------------------ child and trainers
-    def _on_child_started(self, event: ChildStarted, now: Now) -> None:
-        self.child_pid = event.pid
-        settings = {"settings": dict(event.settings)} if event.settings else {}
-        host = {"host": event.host} if event.host else {}
-        self._log("info", ev.CHILD_STARTED, pid=event.pid, argv=list(event.argv), **host, **settings)
+    def _on_child_started(self, started: ChildStarted, now: Now) -> None:
+        self.child_pid = started.pid
+        settings = {"settings": dict(started.settings)} if started.settings else {}
+        host = {"host": started.host} if started.host else {}
+        self._log("info", ev.CHILD_STARTED, pid=started.pid, argv=list(started.argv), **host, **settings)
 
-    def _on_hello(self, event: Hello, now: Now) -> None:
-        if event.wants_signal and not event.descendant:
+    def _on_hello(self, hello: Hello, now: Now) -> None:
+        if hello.wants_signal and not hello.descendant:
             # we only ever signal our own tree; relayed processes say signal=false
-            self._log("warning", ev.TRAINER_REJECTED, pid=event.pid, reason="not a descendant of esiwrap")
+            self._log("warning", ev.TRAINER_REJECTED, pid=hello.pid, reason="not a descendant of esiwrap")
             return
-        self.trainers[event.pid] = Trainer(
-            pid=event.pid, rank=event.rank, saves=event.saves, signal=event.wants_signal,
-            stop_signal=event.stop_signal, attached_at=now.wall,
-        )
-        self._log("info", ev.TRAINER_ATTACHED, pid=event.pid, **event.fields)
+        self.trainers[hello.pid] = _merged(self.trainers.get(hello.pid), hello, now)
+        self._log("info", ev.TRAINER_ATTACHED, pid=hello.pid, **hello.fields)
         self.obs.trainer_started(now.wall)
+        if hello.nodes is not None and hello.nodes > self._trainer_nodes:
+            self._trainer_nodes = hello.nodes
+            self._update_capacity()
+        self._sum_checkpoint_bytes()
+        if self._checkpoint_dir is None and hello.checkpoint_dir:
+            self._checkpoint_dir = hello.checkpoint_dir
+        self._probe(now, previous=hello.resumed_from)
         self._check_stop_budget()
         request = self.request
-        if request is not None and not self.config.signal_child and event.wants_signal \
-                and event.pid not in request.signalled:
-            self._signal([event.pid])  # a save is due: this trainer joins it at once
+        if request is not None and not self.config.signal_child and hello.wants_signal \
+                and hello.pid not in request.signalled:
+            self._signal([hello.pid])  # a save is due: this trainer joins it at once
+        self._replan(now)
+
+    def _on_checkpoint_size(self, size: CheckpointSize, now: Now) -> None:
+        trainer = self.trainers.get(size.pid)
+        if trainer is not None and size.checkpoint_bytes > 0:
+            trainer.checkpoint_bytes = size.checkpoint_bytes
+            self._sum_checkpoint_bytes()
+            self._replan(now)
+
+    def _sum_checkpoint_bytes(self) -> None:
+        """A checkpoint is what every saving process writes of it, on this node's storage."""
+        parts = [t.checkpoint_bytes for t in self.trainers.values() if t.saves and t.checkpoint_bytes]
+        if parts:
+            self.obs.checkpoint_bytes = sum(parts)
+
+    def _probe(self, now: Now, previous: str | None = None) -> None:
+        """Ask the shell to measure the storage once a directory is known, and the checkpoint a
+        trainer resumed from; only until a save is measured (then it is the better figure)."""
+        if not self.config.probe_storage or self.obs.measured:
+            return
+        path = None if self._probe_asked else (self._checkpoint_dir or self.config.probe_dir)
+        if path is None and previous is None:
+            return
+        if path is not None:
+            self._probe_asked = True
+            self.obs.prior_pending = True  # no calibration save on a guess while the prior is coming
+        self._out.append(ProbeStorage(path, previous, self._probe_bytes()))
+
+    def _probe_bytes(self) -> int | None:
+        """A probe never writes more than a checkpoint would (a small one is a second's write)."""
+        size = self.obs.checkpoint_bytes
+        return None if size is None else int(size)
+
+    def _probe_again(self, now: Now) -> None:
+        """Storage speed changes (other jobs, a filling disk): measure again, rarely."""
+        self._probe_again_at = None
+        path = self._checkpoint_dir or self.config.probe_dir
+        if path is not None and not self.obs.measured:
+            self._out.append(ProbeStorage(path, None, self._probe_bytes()))
+
+    def _on_storage_probed(self, probed: StorageProbed, now: Now) -> None:
+        if probed.source == "probe":
+            self.obs.prior_pending = False
+            self._probe_again_at = now.wall + PROBE_REPEAT_S
+        previous = probed.source == "previous checkpoint"
+        if previous and probed.written_bytes > 0 and self.obs.checkpoint_bytes is None:
+            self.obs.checkpoint_bytes = probed.written_bytes  # the trainer did not say: its last one does
+        if probed.bandwidth_bps is None or not probed.bandwidth_bps > 0:
+            self._log("warning", ev.STORAGE_PROBED, path=probed.path, source=probed.source,
+                      error=probed.error)
+            self._replan(now)  # no prior from it: plan as before
+            return
+        # Two measurements: the slower one rules (a probe is short, a checkpoint can outgrow caches).
+        if self.obs.bandwidth_bps is None or probed.bandwidth_bps < self.obs.bandwidth_bps \
+                or probed.source == self.obs.bandwidth_source:
+            self.obs.bandwidth_bps, self.obs.bandwidth_source = probed.bandwidth_bps, probed.source
+        self._log("info", ev.STORAGE_PROBED, path=probed.path, source=probed.source,
+                  bandwidth_mb_s=_round(probed.bandwidth_bps / 1e6), written_bytes=int(probed.written_bytes),
+                  seconds=_round(probed.seconds))
         self._replan(now)
 
     def _attached(self, pid: int) -> bool:
         """Said hello; with --signal-child the direct child needs not (it handles the signal itself)."""
         return pid in self.trainers or (self.config.signal_child and pid == self.child_pid)
 
-    def _on_trainer_gone(self, event: TrainerGone, now: Now) -> None:
-        if self.trainers.pop(event.pid, None) is not None and self.request is not None:
+    def _on_trainer_gone(self, gone: TrainerGone, now: Now) -> None:
+        if self.trainers.pop(gone.pid, None) is not None and self.request is not None:
             self._check_acknowledged(self.request, now)  # it may have been the last one to wait for
 
-    def _on_child_exited(self, event: ChildExited, now: Now) -> None:
-        self.child_status = event.code if event.code is not None else 128 + event.signum
-        fields: dict[str, Any] = {"pid": event.pid, "code": event.code, "signal": event.signal}
-        if event.signal == "SIGKILL" and self.stop is None:
+    def _on_child_exited(self, exited: ChildExited, now: Now) -> None:
+        self.child_status = exited.code if exited.code is not None else 128 + exited.signum
+        fields: dict[str, Any] = {"pid": exited.pid, "code": exited.code, "signal": exited.signal}
+        if exited.signal == "SIGKILL" and self.stop is None:
             fields["hint"] = "killed by SIGKILL: out of memory?"
         self._log("info", ev.CHILD_EXITED, **fields)
-        self.trainers.pop(event.pid, None)
+        self.trainers.pop(exited.pid, None)
         if self.stop is None:
             self._begin_stop("child exited", None, now)
 
-    def _on_tree_checked(self, event: TreeChecked, now: Now) -> None:
+    def _on_tree_checked(self, checked: TreeChecked, now: Now) -> None:
         stop = self.stop
         if stop is None or self.child_status is None:
             return
-        if event.remaining == 0:
+        if checked.remaining == 0:
             self._exit(stop.reason, now)
         elif not stop.leftovers_signalled:
             stop.leftovers_signalled = True
             self._out.append(TermLeftovers())
 
     # ------------------------------------------------------------------ trainer messages
-    def _on_step(self, event: Step, now: Now) -> None:
-        if event.pid != self._timing_pid():
+    def _on_step(self, report: Step, now: Now) -> None:
+        if report.pid != self._timing_pid():
             return
         first = self.obs.last_step is None
-        interval = self.obs.record_step(event.step, event.duration_s, now.wall)
-        self._log("debug", ev.STEP_OBSERVED, step=event.step, duration_s=_round(interval))
+        interval = self.obs.record_step(report.step, report.duration_s, now.wall)
+        self._log("debug", ev.STEP_OBSERVED, step=report.step, duration_s=_round(interval))
         if first:  # the first boundary after a start from step s is s + 1
-            self._check_resume(max(0, event.step - 1), NO_FIELDS, now)
+            self._check_resume(max(0, report.step - 1), NO_FIELDS, now)
         self._check_stop_budget()
         self._replan(now)
 
-    def _adopt_peer_request(self, event: SaveBegin | SaveSnapshot | SaveEnd, now: Now) -> None:
+    def _adopt_peer_request(self, report: SaveBegin | SaveSnapshot | SaveEnd, now: Now) -> None:
         """A save another node's esiwrap asked for (the ranks agreed on it in their all-reduce) is
         this node's save too: the job ends after it on every node, so it becomes this node's
         request, and esiwrap stops after it."""
-        if not event.peer or self.request is not None or self.stop is not None:
+        if not report.peer or self.request is not None or self.stop is not None:
             return
-        self.request = SaveRequest(reason="peer", kind="peer", requested_at=now.wall, signalled={event.pid})
+        self.request = SaveRequest(reason="peer", kind="peer", requested_at=now.wall, signalled={report.pid})
         if self.mode is Mode.RUNNING:
             self.mode = Mode.SAVE_REQUESTED
         self._log("info", ev.SAVE_REQUESTED, reason="peer", kind="peer", pids=[],
                   remaining_s=self._remaining(now))
 
-    def _on_save_begin(self, event: SaveBegin, now: Now) -> None:
-        self._adopt_peer_request(event, now)
+    def _on_save_begin(self, begin: SaveBegin, now: Now) -> None:
+        self._adopt_peer_request(begin, now)
         request = self.request
         if request is None:
-            self._log("info", ev.SAVE_STARTED, step=event.step, pid=event.pid, requested=False)
+            self._log("info", ev.SAVE_STARTED, step=begin.step, pid=begin.pid, requested=False)
             return
         first = not request.begun
-        request.begun[event.pid] = event.step
+        request.begun[begin.pid] = begin.step
         if first:
             request.save_started_mono, request.save_started_at = now.mono, now.wall
-            self._log("info", ev.SAVE_STARTED, step=event.step, pid=event.pid, requested=True)
+            self._log("info", ev.SAVE_STARTED, step=begin.step, pid=begin.pid, requested=True)
 
-    def _on_save_snapshot(self, event: SaveSnapshot, now: Now) -> None:
-        self._adopt_peer_request(event, now)
+    def _on_save_snapshot(self, snapshot: SaveSnapshot, now: Now) -> None:
+        self._adopt_peer_request(snapshot, now)
         request = self.request
-        if request is None or event.pid in request.snapshots:
+        if request is None or snapshot.pid in request.snapshots:
             return  # the trainer's own asynchronous save: its end is what counts
         first = not request.snapshots
-        request.snapshots[event.pid] = event
+        request.snapshots[snapshot.pid] = snapshot
         if first:  # training resumes now, while the write goes on
-            self.obs.record_blocking(event.duration_s, now.wall)
+            self.obs.record_blocking(snapshot.duration_s, now.wall)
 
-    def _on_save_end(self, event: SaveEnd, now: Now) -> None:
-        if not event.ok:
-            self.saves_failed += 1
-            self._log("error", ev.SAVE_FAILED, step=event.step, pid=event.pid, error=event.error)
+    def _on_save_end(self, end: SaveEnd, now: Now) -> None:
+        if not end.ok:
+            self.saves_failed_total += 1
+            self._log("error", ev.SAVE_FAILED, step=end.step, pid=end.pid, error=end.error)
             return  # the trainer keeps its flag and tries again at the next boundary
-        self._adopt_peer_request(event, now)
+        self._adopt_peer_request(end, now)
         request = self.request
         if request is None:
-            self.obs.record_save(event.duration_s, now.wall)
-            self._save_completed_log(event.step, [event], now, requested=False)
-            self.last_saved_step = event.step
-            self.any_save_completed = True  # the trainer's own checkpoint is one too
-            self._checkpoint_completed(event.step, [event], now)
+            self.obs.record_save(end.duration_s, now.wall)
+            self._save_completed(end.step, [end], now, requested=False)  # the trainer's own
             self._replan(now)
             return
-        request.done[event.pid] = event
+        request.done[end.pid] = end
         self._check_acknowledged(request, now)
 
     def _check_acknowledged(self, request: SaveRequest, now: Now) -> None:
@@ -615,12 +806,8 @@ class Controller:
             self.obs.record_save(duration, now.wall, request.save_started_at)
         else:
             self.obs.record_requested_save(duration, now.wall, request.save_started_at)
-        self.any_save_completed = True
         self.request = None
-        step = max(m.step for m in messages)
-        self.last_saved_step = step
-        self._save_completed_log(step, messages, now, requested=True, kind=request.kind)
-        self._checkpoint_completed(step, messages, now)
+        self._save_completed(max(m.step for m in messages), messages, now, requested=True, kind=request.kind)
         if self.mode is Mode.DRAINING:
             self._ack_until = None
             self._begin_stop(f"checkpoint complete after {request.reason}", EXIT_CHECKPOINTED, now)
@@ -633,30 +820,37 @@ class Controller:
         if request.reason == "manual":
             return  # a save by hand changes nothing in the plan
         if request.kind in ("insurance", "final"):
-            self.saves_done += 1
+            self.deadline_saves_done += 1
         self.plan = None
         self._logged_signal_at = None  # the next plan is a new save: always log it
         self._replan(now)
 
-    def _save_completed_log(
+    def _save_completed(
         self, step: int, messages: list[SaveEnd], now: Now, *, requested: bool, kind: str = ""
     ) -> None:
-        self.saves_completed += 1
-        self.last_checkpoint_at = now.wall
-        self._check_stop_budget()
+        """A checkpoint of `step` is complete: count it, log it, upload it or look at what holds
+        it, keep the job's state."""
+        self.saves_completed_total += 1
         paths = sorted({m.path for m in messages if m.path})
+        self.last_checkpoint = Checkpoint(step, now.wall, checkpoint_path(paths))
+        self._check_stop_budget()
         self._log(
             "info", ev.SAVE_COMPLETED, step=step, requested=requested, kind=kind or None,
             duration_s=_round(max(m.duration_s for m in messages)),
             path=paths[0] if len(paths) == 1 else (paths or None),
             remaining_s=self._remaining(now),
         )
+        self._checkpoint_completed(self.last_checkpoint, now)
+        self._keep_state()  # a new save measured: the next run plans with it even if this one dies
+
+    def _keep_state(self) -> None:
+        obs = self.obs
+        self._out.append(KeepState(tuple(obs.intervals), tuple(d for _, d in obs.saves), tuple(obs.blocking),
+                                   tuple(obs.uploads), self.durable_checkpoint, self.config.uploads))
 
     # ------------------------------------------------------------------ durability and uploads
-    def _checkpoint_completed(self, step: int, messages: list[SaveEnd], now: Now) -> None:
+    def _checkpoint_completed(self, checkpoint: Checkpoint, now: Now) -> None:
         """A checkpoint is complete on the trainer's storage: upload it, or look at what holds it."""
-        checkpoint = Checkpoint(step, checkpoint_path([m.path for m in messages]), now.wall)
-        self.last_checkpoint = checkpoint
         if not self.config.uploads:
             self.durable_checkpoint = checkpoint
             if checkpoint.path and not self._filesystem_asked and not self.config.local_checkpoints_survive:
@@ -669,15 +863,16 @@ class Controller:
             return
         older = self.upload_waiting
         if older is not None:
-            self._log("info", ev.UPLOAD_SKIPPED, step=older.step, path=older.path, superseded_by=step,
+            self._log("info", ev.UPLOAD_SKIPPED, step=older.step, path=older.path,
+                      superseded_by=checkpoint.step,
                       reason="a newer checkpoint completed while an upload was running")
         self.upload_waiting = checkpoint
 
-    def _on_filesystem_checked(self, event: FilesystemChecked, now: Now) -> None:
-        if event.kind != "local" or self.config.uploads:
+    def _on_filesystem_checked(self, checked: FilesystemChecked, now: Now) -> None:
+        if checked.kind != "local" or self.config.uploads:
             return  # only a local disk is known to go with the instance
-        self._log("warning", ev.CHECKPOINT_NOT_DURABLE, path=event.path, filesystem=event.fstype,
-                  mount_point=event.mount_point, device=event.source,
+        self._log("warning", ev.CHECKPOINT_NOT_DURABLE, path=checked.path, filesystem=checked.fstype,
+                  mount_point=checked.mount_point, device=checked.source,
                   fix="the checkpoint is on this machine's local disk and goes with the instance: "
                   "write checkpoints to storage that outlives it (a network or cluster filesystem), or "
                   "copy each one with --upload CMD (e.g. --upload 'aws s3 cp --recursive {path} "
@@ -688,43 +883,44 @@ class Controller:
         self.obs.upload_began(now.wall)
         self._out.append(StartUpload(checkpoint.step, checkpoint.path, attempt))
 
-    def _on_upload_started(self, event: UploadStarted, now: Now) -> None:
+    def _on_upload_started(self, started: UploadStarted, now: Now) -> None:
         run = self.upload
         if run is None:
             return
-        run.pid = event.pid
+        run.pid = started.pid
         self._log("info", ev.UPLOAD_STARTED, step=run.checkpoint.step, path=run.checkpoint.path,
-                  pid=event.pid, attempt=run.attempt,
+                  pid=started.pid, attempt=run.attempt,
                   upload_estimate_s=_round(upload_estimate_s(self.obs, self.config.policy)),
                   remaining_s=self._remaining(now))
 
-    def _on_upload_exited(self, event: UploadExited, now: Now) -> None:
+    def _on_upload_exited(self, exited: UploadExited, now: Now) -> None:
         run = self.upload
-        if run is None or (run.pid is not None and event.pid != run.pid):
+        if run is None or (run.pid is not None and exited.pid != run.pid):
             return
         self.upload = None
         duration = max(0.0, now.mono - run.started_mono)
         checkpoint = run.checkpoint
-        if event.code == 0 and not event.error:
+        if exited.code == 0 and not exited.error:
             self.obs.upload_ended(duration)
-            self.uploads_completed += 1
+            self.uploads_completed_total += 1
             if self.durable_checkpoint is None or checkpoint.step >= self.durable_checkpoint.step:
                 self.durable_checkpoint = checkpoint
             self._log("info", ev.UPLOAD_COMPLETED, step=checkpoint.step, path=checkpoint.path,
                       duration_s=_round(duration), attempt=run.attempt, remaining_s=self._remaining(now))
+            self._keep_state()  # a durable checkpoint and an upload measured: the next run knows both
         else:
             self.obs.upload_ended(None)
-            self.uploads_failed += 1
-            fields: dict[str, Any] = {"code": event.code, "signal": event.signal}
-            if event.error:
-                fields["error"] = event.error
+            self.uploads_failed_total += 1
+            fields: dict[str, Any] = {"code": exited.code, "signal": exited.signal}
+            if exited.error:
+                fields["error"] = exited.error
             if run.cut_off:
                 fields["reason"] = run.cut_off
             self._log("error", ev.UPLOAD_FAILED, step=checkpoint.step, path=checkpoint.path,
-                      duration_s=_round(duration), attempt=run.attempt, stderr=list(event.stderr),
+                      duration_s=_round(duration), attempt=run.attempt, stderr=list(exited.stderr),
                       remaining_s=self._remaining(now), **fields)
             newest = self.upload_waiting is None and checkpoint == self.last_checkpoint
-            if newest and not run.cut_off and not event.error and run.attempt < UPLOAD_ATTEMPTS \
+            if newest and not run.cut_off and not exited.error and run.attempt < UPLOAD_ATTEMPTS \
                     and self.mode is not Mode.UPLOADING:
                 wait = UPLOAD_RETRY_S[min(run.attempt, len(UPLOAD_RETRY_S)) - 1]
                 self._upload_retry = (checkpoint, run.attempt + 1, now.mono + wait)
@@ -817,8 +1013,8 @@ class Controller:
                   "--stop-grace if the trainer exits sooner")
 
     # ------------------------------------------------------------------ resuming
-    def _on_training_start(self, event: TrainingStart, now: Now) -> None:
-        self._check_resume(max(0, event.step), event.fields, now)
+    def _on_training_start(self, start: TrainingStart, now: Now) -> None:
+        self._check_resume(max(0, start.step), start.fields, now)
 
     def _check_resume(self, start_step: int, fields: Mapping[str, Any], now: Now) -> None:
         """Did the trainer start from the checkpoint an earlier run left (`--state-file`)?"""
@@ -830,7 +1026,7 @@ class Controller:
             return
         redone = max(0, checkpoint.step - start_step)
         facts = {"checkpoint_step": checkpoint.step, "start_step": start_step, "steps_redone": redone,
-                 "path": checkpoint.path or None, "checkpoint_at": iso_utc(checkpoint.at)}
+                 "path": checkpoint.path or None, "checkpoint_at": iso_utc(checkpoint.completed_at)}
         if redone == 0:
             self._log("info", ev.RESUMED, **facts)
             return
@@ -859,12 +1055,17 @@ class Controller:
                 "--upload put it before the trainer starts"]
 
     # ------------------------------------------------------------------ signals to esiwrap
-    def _on_signal_received(self, event: SignalReceived, now: Now) -> None:
-        handler = getattr(self, "_handle_" + event.name.lower(), None)
-        if handler is not None:
-            handler(now)
-        else:
-            self._forward(event.name)
+    def _on_signal_received(self, received: SignalReceived, now: Now) -> None:
+        """esiwrap's own signals (`esiwrap.signals.USED`); every other one goes to the child."""
+        match received.name:
+            case "SIGINT":
+                self._handle_sigint(now)
+            case "SIGTERM":
+                self._handle_sigterm(now)
+            case "SIGUSR1":
+                self._handle_sigusr1(now)
+            case other:
+                self._forward(other)
 
     def _handle_sigint(self, now: Now) -> None:
         self._sigints += 1
@@ -895,18 +1096,22 @@ class Controller:
         if self.mode in (Mode.RUNNING, Mode.CONTINUING) and self.request is None:
             self._request_save("manual", now)
 
-    def _handle_sigchld(self, now: Now) -> None:
-        """Reaping is the shell's; it reports what it found as ChildExited."""
-
     def _forward(self, name: str) -> None:
         if self.child_pid is not None and self.child_status is None:
             self._out.append(SendSignal((self.child_pid,), name))
 
     # ------------------------------------------------------------------ deadline
-    def _on_deadline_answers(self, event: DeadlineAnswers, now: Now) -> None:
+    def _on_deadline_answers(self, given: DeadlineAnswers, now: Now) -> None:
         self.deadline_pending = False
-        for answer in event.answers:
+        capacity_before = self.obs.capacity
+        for answer in given.answers:
+            if answer.capacity is not None:
+                self._capacities[answer.source] = answer.capacity
+            if answer.source.startswith(NODE_PREFIX):
+                self._node_sources.add(answer.source)
             if answer.withdrawn:  # a node that left the cluster: its deadline no longer counts
+                self._capacities.pop(answer.source, None)
+                self._node_sources.discard(answer.source)
                 known = self._known.pop(answer.source, None)
                 if known is not None or self._unavailable.pop(answer.source, None) is not None:
                     self._log("info", ev.DEADLINE_WITHDRAWN, source=answer.source, reason=answer.reason)
@@ -917,9 +1122,24 @@ class Controller:
                 self._unavailable[answer.source] = answer.reason
                 level: LogLevel = "info" if answer.expected else "warning"
                 self._log(level, ev.DEADLINE_UNAVAILABLE, source=answer.source, reason=answer.reason)
+        self._update_capacity()
         new = winner(Answer(d.source, deadline=d) for d in self._known.values())
         if new is not None:
             self._set_deadline(new, now)
+        elif self.obs.capacity != capacity_before:
+            self._replan(now)
+
+    def _update_capacity(self) -> None:
+        """The capacity the policy plans for: spot if any source says so (the first reclamation
+        counts), else reserved or on-demand; the job's nodes: every Ray node watched, or what a
+        trainer said (torchrun's world)."""
+        kinds = self._capacities
+        order: tuple[CapacityKind, ...] = ("spot", "reserved", "on-demand")
+        kind = next((k for k in order if k in kinds.values()), None)
+        source = next((s for s, k in kinds.items() if k == kind), "")
+        watched = len({source.split("/", 1)[0] for source in self._node_sources})
+        nodes = max(self._trainer_nodes, 1 + watched)
+        self.obs.capacity = Capacity(kind, nodes, source)
 
     def _set_deadline(self, new: Deadline, now: Now) -> None:
         old = self.deadline
@@ -928,15 +1148,17 @@ class Controller:
         self.deadline = new
         if old is None:
             self._log("info", ev.DEADLINE_RESOLVED, source=new.source, deadline=new.iso(),
-                      remaining_s=_round(new.at - now.wall), raw=new.raw, lead_s=new.lead_s, **new.detail)
+                      remaining_s=_round(new.at - now.wall), raw=new.raw, lead_s=new.lead_s,
+                      capacity=self.obs.capacity.kind, **new.detail)
         else:
             self._log("warning", ev.DEADLINE_CHANGED, old=old.iso(), new=new.iso(), source=new.source,
-                      remaining_s=_round(new.at - now.wall), raw=new.raw, **new.detail)
+                      remaining_s=_round(new.at - now.wall), raw=new.raw, capacity=self.obs.capacity.kind,
+                      **new.detail)
         later = old is None or new.at > old.at
         if self.mode is Mode.CONTINUING and later:
-            self.mode, self.saves_done = Mode.RUNNING, 0  # a renewal: plan against it afresh
+            self.mode, self.deadline_saves_done = Mode.RUNNING, 0  # a renewal: plan against it afresh
         elif old is not None and later and self._renewal_fits_insurance(new.at, now):
-            self.saves_done, self.plan = 0, None  # renewed after a save: insure the new stretch too
+            self.deadline_saves_done, self.plan = 0, None  # renewed after a save: insure the new stretch too
             self._warned_too_close = False
         if new.at <= now.wall and self.mode in (Mode.RUNNING, Mode.SAVE_REQUESTED):
             self._deadline_already_passed(now)
@@ -945,7 +1167,7 @@ class Controller:
 
     def _renewal_fits_insurance(self, deadline: float, now: Now) -> bool:
         """A later deadline while running, after a save: is there room for a new insurance save?"""
-        if self.mode is not Mode.RUNNING or self.saves_done == 0:
+        if self.mode is not Mode.RUNNING or self.deadline_saves_done == 0:
             return False
         return renewal_reopens_insurance(deadline, self.obs, self.config.policy, now.wall)
 
@@ -959,10 +1181,10 @@ class Controller:
             self._drain(now)
 
     def _deadline_reached(self, now: Now) -> None:
-        if self.any_save_completed:
+        if self.last_checkpoint is not None:
             self._begin_stop("deadline reached", EXIT_CHECKPOINTED, now)
             return
-        self.saves_missed += 1
+        self.saves_missed_total += 1
         self._log("error", ev.SAVE_MISSED, remaining_s=self._remaining(now))
         self._begin_stop("deadline passed without an acknowledged save", EXIT_SAVE_MISSED, now)
 
@@ -970,7 +1192,8 @@ class Controller:
     def _replan(self, now: Now) -> None:
         if self.mode is not Mode.RUNNING or self.deadline is None:
             return
-        plan = replan(self.deadline.at, self.obs, self.config.policy, self.saves_done, self.plan, now.wall)
+        plan = replan(self.deadline.at, self.obs, self.config.policy, self.deadline_saves_done, self.plan,
+                      now.wall)
         if plan is None:
             self._no_further_save(now)
             return
@@ -1077,7 +1300,8 @@ class Controller:
 
     def _progress_is_saved(self) -> bool:
         """A completed save holds the latest step: nothing would be gained by another."""
-        return self.last_saved_step is not None and self.last_saved_step >= (self.obs.last_step or 0)
+        checkpoint = self.last_checkpoint
+        return checkpoint is not None and checkpoint.step >= (self.obs.last_step or 0)
 
     # ------------------------------------------------------------------ draining
     def _drain(self, now: Now) -> None:
@@ -1104,7 +1328,7 @@ class Controller:
                 self._extend_stop_timeout(now)
                 return
         self._ack_until = None
-        self.saves_missed += 1
+        self.saves_missed_total += 1
         self._log("warning", ev.SAVE_MISSED, remaining_s=self._remaining(now),
                   reason="no acknowledgement within --stop-grace")
         if self._progress_is_saved():
@@ -1142,6 +1366,7 @@ class Controller:
         self._out.append(NotifyStopping())
         self._extend_stop_timeout(now)
         if self.child_status is not None:
+            self._stop_sigterm_savers()
             return  # the child is gone already: the tree check decides when we are done
         if immediate:
             self._out.append(StopChild(None))
@@ -1150,6 +1375,18 @@ class Controller:
         signal = self._stop_signal()
         self._log("info", ev.CHILD_STOPPING, signal=signal, grace_s=self.config.stop_grace_s, reason=reason)
         self._out.append(StopChild(signal))
+        self._stop_sigterm_savers()
+
+    def _stop_sigterm_savers(self) -> None:
+        """A trainer below the child that takes SIGTERM as a save request (a rank under torchrun,
+        in a Slurm job) would outlive the SIGTERM its launcher passes on: it gets its own stop
+        signal directly."""
+        by_signal: dict[str, list[int]] = {}
+        for trainer in self.trainers.values():
+            if trainer.sigterm_saves and trainer.stop_signal and trainer.pid != self.child_pid:
+                by_signal.setdefault(trainer.stop_signal, []).append(trainer.pid)
+        for name, pids in by_signal.items():
+            self._out.append(SendSignal(tuple(pids), name))
 
     def _stop_signal(self) -> str:
         trainer = self.trainers.get(self.child_pid) if self.child_pid is not None else None
@@ -1217,8 +1454,9 @@ class Controller:
     def snapshot(self, now: Now, run_id: str, pid: int) -> Snapshot:
         """What esiwrap knows now, as one value: the metrics, the status file, `esiwrap status`."""
         plan = self.plan if self.mode is Mode.RUNNING else None
-        deadline = self.deadline
-        checkpoint = self.obs.checkpoint_at  # the boundary the last checkpoint holds (or the start)
+        deadline, request = self.deadline, self.request
+        boundary = self.obs.checkpoint_at  # the boundary the last checkpoint holds (or the start)
+        checkpoint = self.last_checkpoint
         return Snapshot(
             time=now.wall, run_id=run_id, pid=pid, child_pid=self.child_pid, phase=self.mode.value,
             deadline_at=deadline.at if deadline else None,
@@ -1226,11 +1464,19 @@ class Controller:
             next_save_at=plan.nominal_at if plan else None, next_save_kind=plan.kind if plan else None,
             next_save_reason=plan.why if plan else None, step_estimate_s=self.current_step_estimate_s(),
             save_estimate_s=plan.save_estimate_s if plan else save_estimate_s(self.obs, self.config.policy),
-            last_step=self.obs.last_step, last_checkpoint_at=self.last_checkpoint_at,
-            last_checkpoint_step=self.last_saved_step,
-            work_at_risk_s=max(0.0, now.wall - checkpoint) if checkpoint is not None else None,
-            saves_completed=self.saves_completed, saves_failed=self.saves_failed,
-            saves_missed=self.saves_missed, trainers=len(self.trainers),
+            last_step=self.obs.last_step,
+            last_checkpoint_at=checkpoint.completed_at if checkpoint else None,
+            last_checkpoint_step=checkpoint.step if checkpoint else None,
+            work_at_risk_s=max(0.0, now.wall - boundary) if boundary is not None else None,
+            saves_completed=self.saves_completed_total, saves_failed=self.saves_failed_total,
+            saves_missed=self.saves_missed_total, trainers=len(self.trainers),
+            deadline_pending=self.deadline_pending,
+            requested_save_kind=request.kind if request else None,
+            saving_step=max(request.begun.values()) if request and request.begun else None,
+            stop_reason=self.stop.reason if self.stop else None,
+            durable_step=self.durable_checkpoint.step if self.durable_checkpoint else None,
+            uploading_step=self.upload.checkpoint.step if self.upload else None,
+            uploads_completed=self.uploads_completed_total, uploads_failed=self.uploads_failed_total,
         )
 
 
@@ -1251,5 +1497,17 @@ def _round(value: float) -> float | None:
     return round(value, 3) if math.isfinite(value) else None
 
 
-def _snake(name: str) -> str:
-    return "".join("_" + c.lower() if c.isupper() else c for c in name).lstrip("_")
+def _merged(earlier: Trainer | None, hello: Hello, now: Now) -> Trainer:
+    """A process may say hello more than once (a Ray driver: `esiwrap.trainer.install()` and the
+    start-up hook's `ray.init`, in either order): a later hello adds to what an earlier one asked
+    for, never undoes it. It saves or is signalled if either said so; the stop signal is the
+    latest one named, and so is the checkpoint's size."""
+    if earlier is None:
+        return Trainer(pid=hello.pid, rank=hello.rank, saves=hello.saves, signal=hello.wants_signal,
+                       stop_signal=hello.stop_signal, attached_at=now.wall,
+                       checkpoint_bytes=hello.checkpoint_bytes, sigterm_saves=hello.sigterm_saves)
+    return Trainer(pid=hello.pid, rank=hello.rank, saves=earlier.saves or hello.saves,
+                   signal=earlier.signal or hello.wants_signal,
+                   stop_signal=hello.stop_signal or earlier.stop_signal, attached_at=earlier.attached_at,
+                   checkpoint_bytes=hello.checkpoint_bytes or earlier.checkpoint_bytes,
+                   sigterm_saves=earlier.sigterm_saves or hello.sigterm_saves)

@@ -9,12 +9,19 @@ connects and sends nothing, or reads nothing, is closed after `timeout_s`.
 
 Requests are at most `max_request` bytes (the request line and headers; a body is never read),
 every answer closes its connection, and only GET and HEAD are served.
+
+A full table makes room: the oldest connection that has not finished its request is closed for
+the new one, so idle or half-sent connections (any local process can open them, anyone on the
+network with `--metrics-address 0.0.0.0`) cannot shut a scraper out. Accepts per wake are capped
+at half the table, so a connection accepted in one wake is read in the next before any newer one
+can push it out.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import itertools
 import selectors
 import socket
 import time
@@ -27,7 +34,7 @@ MAX_REQUEST = 8192
 TIMEOUT_S = 5.0  # from accept to the last byte of the answer
 LINGER_S = 1.0  # after the answer, how long to read what a client still sends before closing
 MAX_CONNECTIONS = 32
-ACCEPTS_PER_WAKE = 64
+LISTEN_BACKLOG = 128  # a burst of connections waits in the kernel, not refused
 REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
            431: "Request Header Fields Too Large", 503: "Service Unavailable"}
 
@@ -65,7 +72,7 @@ def listen(address: str, port: int) -> socket.socket:
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((address, port))
-        sock.listen(16)
+        sock.listen(LISTEN_BACKLOG)
         sock.setblocking(False)
     except OSError as exc:
         sock.close()
@@ -97,6 +104,7 @@ class HttpEndpoint:
         self.max_connections = max_connections
         self._listener = listen(address, port)
         self._connections: set[_Connection] = set()
+        self._opened = itertools.count()  # the age of a connection, for making room
         selector.register(self._listener, selectors.EVENT_READ, self._on_accept)
 
     @property
@@ -130,18 +138,27 @@ class HttpEndpoint:
         self._listener.close()
 
     def _on_accept(self, _key: selectors.SelectorKey) -> None:
-        for _ in range(ACCEPTS_PER_WAKE):
+        for _ in range(max(1, self.max_connections // 2)):
             try:
                 sock, _peer = self._listener.accept()
             except (BlockingIOError, InterruptedError):
                 return
             except OSError:  # e.g. EMFILE, ECONNABORTED: try again at the next wake
                 return
-            if len(self._connections) >= self.max_connections:
-                sock.close()
+            if len(self._connections) >= self.max_connections and not self._make_room():
+                sock.close()  # every slot is answering a request: refuse the newcomer
                 continue
             sock.setblocking(False)
-            self._connections.add(_Connection(self, sock, time.monotonic() + self.timeout_s))
+            self._connections.add(_Connection(self, sock, time.monotonic() + self.timeout_s,
+                                              next(self._opened)))
+
+    def _make_room(self) -> bool:
+        """Close the oldest connection still sending its request; False when there is none."""
+        asking = [c for c in self._connections if c.state == "reading"]
+        if not asking:
+            return False
+        min(asking, key=lambda c: c.serial).close()
+        return True
 
     def _answer(self, request: bytes) -> bytes:
         """The whole response to one request's head."""
@@ -170,10 +187,11 @@ def _response(status: int, content_type: str, body: bytes, *, head: bool = False
 class _Connection:
     """One client: read the request head, write the answer, drain, close."""
 
-    def __init__(self, server: HttpEndpoint, sock: socket.socket, deadline: float) -> None:
+    def __init__(self, server: HttpEndpoint, sock: socket.socket, deadline: float, serial: int) -> None:
         self.server = server
         self.sock = sock
         self.deadline = deadline
+        self.serial = serial
         self.state = "reading"  # reading -> writing -> draining -> closed
         self._inbox = b""
         self._outbox = b""

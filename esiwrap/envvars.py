@@ -13,6 +13,10 @@ PREFIX = "ESIWRAP_"  # every run option can come from ESIWRAP_<OPTION>, e.g. ESI
 SOCKET_ENV = "ESIWRAP_SOCKET"  # the channel's socket: the trainer library talks only when it is set
 SIGNAL_ENV = "ESIWRAP_SIGNAL"  # the save signal (`--signal`), by name
 RUN_ID_ENV = "ESIWRAP_RUN_ID"  # the run's `run_id`, as in every log line
+# "save": a SIGTERM sent to the trainer itself asks for a save (Slurm signals every process of a
+# job); esiwrap then stops the trainer with the signal its hello names. Exported inside Slurm jobs.
+TRAINER_SIGTERM_ENV = "ESIWRAP_TRAINER_SIGTERM"
+TRAINER_SIGTERM_SAVE = "save"
 
 # Exported by esiwrap to the `--upload` command.
 CHECKPOINT_PATH_ENV = "ESIWRAP_CHECKPOINT_PATH"  # the checkpoint to upload (also `{path}`)

@@ -14,12 +14,16 @@ Four kinds of save, in the order a run meets them:
   CALIBRATION_HORIZON_FACTOR unmeasured saves, and an hour): one save now, so that no later decision rests on
   a guess. It is a real checkpoint of the early work.
 * periodic: a checkpoint cadence that bounds the work at risk from an interruption that comes
-  with less warning than a step plus a save (a spot notice after a renewal). Young/Daly's
-  interval, sqrt(2 x save cost / rate), for `--interruption-rate` interruptions a day; skipped
-  when the insurance save comes within half an interval anyway.
+  with less warning than a step plus a save (a spot notice after a renewal, a failed node).
+  Young/Daly's interval, sqrt(2 x save cost / rate), for `--interruption-rate` interruptions a
+  day, or, by default, the rate of the capacity the sources describe (`interruption_rate`: spot,
+  a reservation with a known end, nothing known); skipped when the insurance save comes within
+  half an interval anyway.
 * insurance: the save that must not fail. Planned with the high step quantile, the longest
   measured save (growth-aware) x SAVE_SAFETY_FACTOR and `--redundant-time`; before any save has
-  been measured, with `--save-duration` x `--unmeasured-factor`: it never bets the run on a guess.
+  been measured, with the prior (the checkpoint's bytes / the storage's probed bandwidth) x
+  `prior_margin`, the margin that covers the prior's error; with no prior, `--save-duration` x
+  `--unmeasured-factor`: it never bets the run on a guess.
 * final: after the insurance save, the last boundary that still fits, with the median step, the
   measured save x FINAL_SAVE_FACTOR and `--final-margin`. A final save that lands late loses
   nothing: the insurance checkpoint is complete.
@@ -47,6 +51,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from esiwrap.deadline.value import CapacityKind
+
 SAVE_SAFETY_FACTOR = 1.25  # insurance: checkpoint writes vary with disk and page cache
 UPLOAD_SAFETY_FACTOR = 1.5  # uploads cross a shared network: their times vary more than writes
 FINAL_SAVE_FACTOR = 1.05  # final saves: a late one loses nothing, so aim closer
@@ -54,9 +60,27 @@ FINAL_STEP_QUANTILES = (0.5, 0.75, 0.9, 0.95, 0.99, 1.0)  # the candidates for a
 INSURANCE_WORTH_FACTOR = 10.0  # an insurance save must protect this many times its cost in work
 CALIBRATION_HORIZON_FACTOR = 20.0  # calibrate when the deadline is this many unmeasured saves away
 CALIBRATION_MIN_HORIZON_S = 3600.0  # ...and at least an hour away
-PERIODIC_SKIP_FRACTION = 0.5  # no periodic save when the insurance save comes within this x interval
+# No periodic save when the insurance save comes within this x interval: a periodic save `gap`
+# before it saves `interval` of work for each interruption in that gap, so it pays for itself when
+# rate x gap x interval > its cost; with Young/Daly's interval (cost = rate x interval^2 / 2) that
+# is gap > interval / 2.
+PERIODIC_SKIP_FRACTION = 0.5
 SECONDS_PER_DAY = 86_400.0
 RESCHEDULE_LOG_THRESHOLD_S = 5.0
+
+# The prior: a save of B bytes to storage probed at W bytes/s takes about B / W. How far off that
+# is was measured (BENCHMARKS.md: torch.save of a few GB against the probe on this machine) and is
+# modelled as log-normal; the insurance save covers it up to PRIOR_COVER_Z sigmas.
+PRIOR_ERROR_SIGMA = 0.5
+PRIOR_COVER_Z = 3.5  # one save in 4000 longer than the margin, before --redundant-time
+PRIOR_FLOOR_S = 1.0  # a checkpoint is also opened, serialized, fsync'd and renamed: never less
+
+# Interruptions with no usable warning, a day, by the kind of capacity (README, "How the moment is
+# chosen"): spot capacity is taken back whenever the cloud needs it; reserved and on-demand capacity
+# only fails (hardware, host maintenance), at a rate per node; nothing known: one a day.
+SPOT_RATE_PER_DAY = 8.0  # per instance: GPU spot capacity goes back within hours
+NODE_FAILURE_RATE_PER_DAY = 1.0 / 264.0  # per node: 419 unexpected interruptions in 54 days on 2048 nodes
+UNKNOWN_RATE_PER_DAY = 1.0
 
 SaveKind = Literal["calibration", "periodic", "insurance", "final"]
 
@@ -70,7 +94,8 @@ class PolicyConfig:
     step_quantile: float = 0.99  # 1.0 is the maximum (`--step-quantile max`)
     final_save: bool = True
     final_margin_s: float = 5.0
-    interruption_rate_per_day: float = 1.0  # the periodic cadence's assumption; 0 turns it off
+    interruption_rate_per_day: float | None = None  # the cadence's assumption; None: by capacity; 0: off
+    prior_sigma: float = PRIOR_ERROR_SIGMA  # the log-normal error of a save predicted from its size
     save_safety_factor: float = SAVE_SAFETY_FACTOR
     final_save_factor: float = FINAL_SAVE_FACTOR
     uploads: bool = False  # `--upload`: a checkpoint is durable once its upload completed
@@ -87,12 +112,26 @@ class Prior:
     uploads: Sequence[float] = ()  # `--upload`: how long the uploads of checkpoints took
 
 
+@dataclass(frozen=True)
+class Capacity:
+    """What the deadline sources said about the capacity: its kind, and how many nodes the job
+    spans (a job is interrupted when any one of them is)."""
+
+    kind: CapacityKind | None = None
+    nodes: int = 1
+    source: str = ""  # which source said so, for the `why`
+
+
 def quantile(values: Sequence[float], q: float) -> float:
     """Nearest-rank quantile (never interpolates below an observed value); q=1 is the maximum."""
     if not values:
         msg = "quantile of no values"
         raise ValueError(msg)
-    ordered = sorted(values)
+    return sorted_quantile(sorted(values), q)
+
+
+def sorted_quantile(ordered: Sequence[float], q: float) -> float:
+    """`quantile` of values already in ascending order."""
     rank = max(1, math.ceil(q * len(ordered)))
     return ordered[min(rank, len(ordered)) - 1]
 
@@ -108,20 +147,34 @@ class Observations:
         self.last_step: int | None = None
         self.step_started_at: float | None = None  # wall time the running step began
         self.checkpoint_at: float | None = None  # wall time of the boundary the last checkpoint holds
+        self.checkpoint_bytes: float | None = None  # how much a checkpoint writes, as the trainer said
+        self.bandwidth_bps: float | None = None  # how fast the checkpoint's storage takes writes
+        self.bandwidth_source = ""  # "probe", or "previous checkpoint": what measured it
+        self.prior_pending = False  # a storage probe is under way: the prior is coming
+        self.capacity = Capacity()
         self.uploads: list[float] = []  # durations of this run's completed uploads
         self.upload_started_at: float | None = None  # wall time the running upload began
         self._exclude_next_s = 0.0
         self.intervals.extend(self.prior.steps)
+        self._sorted: list[float] | None = None  # the window sorted, until the next step
+        # kept as saves are recorded (only ever appended): every plan reads them
+        self._longest_save: float | None = max(self.prior.saves, default=None)
+        self._longest_blocking: float | None = max(self.prior.blocking, default=None)
+        self._longest_upload: float | None = max(self.prior.uploads, default=None)
+
+    def sorted_intervals(self) -> list[float]:
+        """The window in ascending order (computed once per step: every plan reads it)."""
+        if self._sorted is None:
+            self._sorted = sorted(self.intervals)
+        return self._sorted
 
     @property
     def longest_upload_s(self) -> float | None:
-        durations = [*self.uploads, *self.prior.uploads]
-        return max(durations) if durations else None
+        return self._longest_upload
 
     @property
     def longest_blocking_s(self) -> float | None:
-        parts = [*self.blocking, *self.prior.blocking]
-        return max(parts) if parts else None
+        return self._longest_blocking
 
     @property
     def measured(self) -> bool:
@@ -130,8 +183,7 @@ class Observations:
 
     @property
     def longest_save_s(self) -> float | None:
-        durations = [d for _, d in self.saves] + list(self.prior.saves)
-        return max(durations) if durations else None
+        return self._longest_save
 
     def trainer_started(self, at: float) -> None:
         """A trainer attached: its current step began no later than now; the work it resumed from
@@ -146,6 +198,7 @@ class Observations:
         interval = max(0.0, duration_s - self._exclude_next_s)
         self._exclude_next_s = 0.0
         self.intervals.append(interval)
+        self._sorted = None
         self.last_step = step
         self.step_started_at = at
         return interval
@@ -154,6 +207,7 @@ class Observations:
         """A completed save (the trainer's own ones too): it feeds the save estimate, and the
         boundary it was taken at is the latest checkpoint."""
         self.saves.append((at, duration_s))
+        self._longest_save = max(duration_s, self._longest_save or duration_s)
         checkpoint = began_at if began_at is not None else at - duration_s
         self.checkpoint_at = max(checkpoint, self.checkpoint_at or checkpoint)
 
@@ -165,6 +219,7 @@ class Observations:
         it, and the running step is taken to begin when training resumed.
         """
         self.blocking.append(blocking_s)
+        self._longest_blocking = max(blocking_s, self._longest_blocking or blocking_s)
         self._exclude_next_s += blocking_s
         self.step_started_at = at
 
@@ -177,6 +232,7 @@ class Observations:
         self.upload_started_at = None
         if duration_s is not None:
             self.uploads.append(duration_s)
+            self._longest_upload = max(duration_s, self._longest_upload or duration_s)
 
     def record_requested_save(self, duration_s: float, at: float, began_at: float | None = None) -> None:
         """A save esiwrap asked for was acknowledged at `at`; a synchronous one (no snapshot was
@@ -187,7 +243,7 @@ class Observations:
 
 def step_estimate_s(obs: Observations, config: PolicyConfig) -> float | None:
     """The quantile of the window, or None before the first interval is known."""
-    return quantile(list(obs.intervals), config.step_quantile) if obs.intervals else None
+    return sorted_quantile(obs.sorted_intervals(), config.step_quantile) if obs.intervals else None
 
 
 def final_step_estimate_s(obs: Observations, config: PolicyConfig, room_s: float) -> float | None:
@@ -202,12 +258,12 @@ def final_step_estimate_s(obs: Observations, config: PolicyConfig, room_s: float
     """
     if not obs.intervals:
         return None
-    values = sorted(obs.intervals)
+    values = obs.sorted_intervals()
     best: tuple[float, float] | None = None
     for q in FINAL_STEP_QUANTILES:
         if q > config.step_quantile and best is not None:
             break
-        step = quantile(values, min(q, config.step_quantile))
+        step = sorted_quantile(values, min(q, config.step_quantile))
         value = q * (room_s - step)
         if best is None or value > best[0]:
             best = (value, step)
@@ -215,14 +271,37 @@ def final_step_estimate_s(obs: Observations, config: PolicyConfig, room_s: float
     return best[1]
 
 
-def unmeasured_save_s(config: PolicyConfig) -> float:
-    """What the insurance save assumes before any save was measured."""
+def prior_save_s(obs: Observations) -> float | None:
+    """The save predicted from the checkpoint's size and the storage's speed, before any save was
+    measured: bytes / bandwidth; None when either is unknown."""
+    if not obs.checkpoint_bytes or not obs.bandwidth_bps:
+        return None
+    return max(PRIOR_FLOOR_S, obs.checkpoint_bytes / obs.bandwidth_bps)
+
+
+def prior_margin(config: PolicyConfig) -> float:
+    """What the prior is multiplied by for a save that must not fail: its error's upper tail."""
+    return math.exp(config.prior_sigma * PRIOR_COVER_Z)
+
+
+def unmeasured_save_s(obs: Observations, config: PolicyConfig) -> float:
+    """What the insurance save assumes before any save was measured: the prior with its margin,
+    else the guess (`--save-duration` x `--unmeasured-factor`)."""
+    prior = prior_save_s(obs)
+    if prior is not None:
+        return prior * prior_margin(config)
     return config.save_duration_s * max(1.0, config.unmeasured_factor)
 
 
-def calibration_horizon_s(config: PolicyConfig) -> float:
-    """How far away the deadline must be for a calibration save to pay for itself."""
-    return max(CALIBRATION_MIN_HORIZON_S, CALIBRATION_HORIZON_FACTOR * unmeasured_save_s(config))
+def calibration_horizon_s(obs: Observations, config: PolicyConfig) -> float | None:
+    """How far away the deadline must be for a calibration save to pay for itself; None when no
+    calibration is needed: a save was measured, or a prior plans the first one from knowledge, not a
+    guess; with `--upload`, an upload was measured too (no prior predicts one)."""
+    upload_guessed = config.uploads and obs.longest_upload_s is None
+    save_known = obs.measured or prior_save_s(obs) is not None or obs.prior_pending
+    if save_known and not upload_guessed:
+        return None
+    return max(CALIBRATION_MIN_HORIZON_S, CALIBRATION_HORIZON_FACTOR * unmeasured_save_s(obs, config))
 
 
 def measured_save_s(obs: Observations, at: float | None = None) -> float | None:
@@ -256,7 +335,10 @@ def save_estimate_s(obs: Observations, config: PolicyConfig, kind: SaveKind = "i
     """The durable save time a plan of this kind counts on, for a save around `at`."""
     measured = measured_save_s(obs, at)
     if measured is None:
-        return unmeasured_save_s(config) if kind == "insurance" else config.save_duration_s
+        if kind == "insurance":
+            return unmeasured_save_s(obs, config)
+        prior = prior_save_s(obs)
+        return prior if prior is not None else config.save_duration_s
     factor = config.final_save_factor if kind == "final" else config.save_safety_factor
     return measured * factor
 
@@ -285,16 +367,36 @@ def save_cost_s(obs: Observations, config: PolicyConfig) -> float:
     """How long a save stops training: the longest blocking part seen, else the expected save."""
     if obs.longest_blocking_s is not None:
         return obs.longest_blocking_s
-    return obs.longest_save_s if obs.longest_save_s is not None else config.save_duration_s
+    if obs.longest_save_s is not None:
+        return obs.longest_save_s
+    prior = prior_save_s(obs)
+    return prior if prior is not None else config.save_duration_s
+
+
+def interruption_rate(obs: Observations, config: PolicyConfig) -> tuple[float, str]:
+    """Interruptions a day that periodic saves guard against, and where the figure comes from:
+    `--interruption-rate`, else the capacity's kind (spot: per instance; reserved or on-demand:
+    node failures, per node), else one a day."""
+    if config.interruption_rate_per_day is not None:
+        return config.interruption_rate_per_day, "--interruption-rate"
+    capacity = obs.capacity
+    nodes = max(1, capacity.nodes)
+    on = f" ({capacity.source})" if capacity.source else ""
+    of_nodes = f" x {nodes} nodes" if nodes > 1 else ""
+    if capacity.kind == "spot":
+        return SPOT_RATE_PER_DAY * nodes, f"spot capacity{on}{of_nodes}"
+    if capacity.kind in ("reserved", "on-demand"):
+        return NODE_FAILURE_RATE_PER_DAY * nodes, f"node failures on {capacity.kind} capacity{on}{of_nodes}"
+    return UNKNOWN_RATE_PER_DAY, "the capacity's kind is unknown"
 
 
 def periodic_interval_s(obs: Observations, config: PolicyConfig) -> float | None:
     """Young/Daly: the checkpoint interval that minimizes expected lost work plus checkpoint cost
-    for interruptions at `--interruption-rate` a day; None when the cadence is off."""
-    if config.interruption_rate_per_day <= 0:
+    for the interruption rate (`interruption_rate`); None when the cadence is off."""
+    rate_per_day, _ = interruption_rate(obs, config)
+    if rate_per_day <= 0:
         return None
-    rate_per_s = config.interruption_rate_per_day / SECONDS_PER_DAY
-    return math.sqrt(2.0 * max(save_cost_s(obs, config), 1e-3) / rate_per_s)
+    return math.sqrt(2.0 * max(save_cost_s(obs, config), 1e-3) / (rate_per_day / SECONDS_PER_DAY))
 
 
 def latest_signal_at(cutoff: float, step_s: float | None, step_started_at: float | None) -> float:
@@ -356,13 +458,27 @@ def _why(kind: SaveKind, obs: Observations, save_s: float, upload_s: float = 0.0
     if kind == "final":
         return ("final: the last step boundary before the deadline that a measured save still fits"
                 + (f" (with its upload, {upload_s:.0f}s)" if upload_s else ""))
+    return f"insurance: must land before the deadline; {save_basis(obs)}, planned as {save_s:.0f}s{upload}"
+
+
+def save_basis(obs: Observations) -> str:
+    """What the save estimate rests on, in words: measured, the state file, the prior, or a guess."""
     if obs.saves:
-        source = "save measured"
-    elif obs.prior.saves:
-        source = "save measured by an earlier run (state file)"
-    else:
-        source = "no save measured yet"
-    return f"insurance: must land before the deadline; {source}, planned as {save_s:.0f}s{upload}"
+        return "save measured"
+    if obs.prior.saves:
+        return "save measured by an earlier run (state file)"
+    prior = prior_save_s(obs)
+    if prior is not None and obs.checkpoint_bytes and obs.bandwidth_bps:
+        return (f"no save measured yet, prior {prior:.0f}s from {_bytes(obs.checkpoint_bytes)} at "
+                f"{obs.bandwidth_bps / 1e6:.0f} MB/s ({obs.bandwidth_source or 'probe'})")
+    return "no save measured yet, a guess (--save-duration x --unmeasured-factor)"
+
+
+def _bytes(n: float) -> str:
+    for unit, size in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6)):
+        if n >= size:
+            return f"{n / size:.3g} {unit}"
+    return f"{n:.0f} B"
 
 
 def _periodic(obs: Observations, config: PolicyConfig, interval_s: float, now: float) -> SavePlan:
@@ -370,14 +486,15 @@ def _periodic(obs: Observations, config: PolicyConfig, interval_s: float, now: f
     due = (obs.checkpoint_at if obs.checkpoint_at is not None else now) + interval_s
     signal_at = latest_signal_at(due, step, obs.step_started_at)
     cost = save_cost_s(obs, config)
-    why = (f"periodic: {interval_s / 60:.0f}m since the last checkpoint (Young/Daly for "
-           f"{config.interruption_rate_per_day:g} interruption(s) a day, a save stops training {cost:.0f}s)")
+    rate, basis = interruption_rate(obs, config)
+    why = (f"periodic: {interval_s / 60:.0f}m since the last checkpoint (Young/Daly for {rate:.3g} "
+           f"interruption(s) a day: {basis}; a save stops training {cost:.0f}s)")
     return SavePlan("periodic", signal_at, step, cost, 0.0, due - step, why)
 
 
 def _calibration(obs: Observations, config: PolicyConfig, now: float) -> SavePlan:
-    why = ("calibration: no save measured yet and the deadline is hours away; measure one now "
-           "(it is a checkpoint too)")
+    why = ("calibration: no save measured yet, nothing known of its size, and the deadline is hours "
+           "away; measure one now (it is a checkpoint too)")
     return SavePlan("calibration", now, step_estimate_s(obs, config) or 0.0, config.save_duration_s,
                     0.0, now, why)
 
@@ -395,15 +512,18 @@ def next_save(
     """
     if saves_done == 0:
         insurance = plan_save(deadline, obs, config, "insurance")
-        unmeasured = not obs.measured or (config.uploads and obs.longest_upload_s is None)
-        if unmeasured and deadline - now > calibration_horizon_s(config):
+        horizon = calibration_horizon_s(obs, config)
+        attached = obs.step_started_at is not None  # a trainer said what it knows (its size)
+        if horizon is not None and attached and deadline - now > horizon:
             return _calibration(obs, config, now)
         if recent_checkpoint_insures(insurance, obs, config):
             return next_save(deadline, obs, config, 1, now)
         interval = periodic_interval_s(obs, config)
         if interval is not None:
             periodic = _periodic(obs, config, interval, now)
-            if periodic.signal_at < insurance.signal_at - PERIODIC_SKIP_FRACTION * interval \
+            # The plans' nominal moments: their timers are brought forward while a step runs long
+            # (halfway to the moment, far ahead of it), which would shrink the gap between them.
+            if periodic.nominal_at < insurance.nominal_at - PERIODIC_SKIP_FRACTION * interval \
                     and insurance.signal_at > now:
                 return periodic
         return insurance

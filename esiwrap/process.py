@@ -10,6 +10,7 @@ a run whose child exits alone never pays for it.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import subprocess
 from collections.abc import Iterable, Mapping, Sequence
@@ -20,8 +21,11 @@ from esiwrap.errors import EXIT_NOT_EXECUTABLE, EXIT_NOT_FOUND, CommandError
 if TYPE_CHECKING:
     import psutil
 
+    from esiwrap import early
+
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
+SHELL = "/bin/sh"
 
 _libc: Any = None  # ctypes.CDLL, loaded on first use
 
@@ -73,31 +77,111 @@ def which(program: str, path: str) -> str | None:
     return None
 
 
-def spawn(argv: Sequence[str], env: Mapping[str, str], death_signal: int) -> int:
+def spawn(argv: Sequence[str], env: Mapping[str, str], death_signal: int,
+          signals: early.Caught | None = None, callers_env: Mapping[str, str] | None = None) -> int:
     """Start the command in its own session; it gets `death_signal` if esiwrap dies first.
+
+    With `signals` (what `esiwrap.early` caught), the child starts with the caller's signal set-up:
+    the mask esiwrap was given, and ignored what the caller ignored. A file without `#!` that
+    the kernel will not run is run with /bin/sh, as execvp does. `callers_env`, the environment
+    before esiwrap's additions, names them in an "argument list too long" error.
 
     Call before starting any thread: the pre-exec hook runs between fork and exec.
     """
     executable = resolve_command(argv, env)
+    try:
+        return _fork_exec(list(argv), executable, env, death_signal, signals)
+    except OSError as exc:
+        if exc.errno != errno.ENOEXEC or _looks_binary(executable):
+            raise _spawn_error(argv, env, callers_env, exc) from None
+    try:  # a script without a #! line: what execvp, tini and every shell do
+        return _fork_exec([SHELL, executable, *argv[1:]], SHELL, env, death_signal, signals)
+    except OSError as exc:
+        raise _spawn_error(argv, env, callers_env, exc) from None
+
+
+def _fork_exec(argv: list[str], executable: str, env: Mapping[str, str], death_signal: int,
+               signals: early.Caught | None) -> int:
     parent = os.getpid()
     _prctl(0, 0)  # load libc in the parent, so the child does no dlopen between fork and exec
+    restore_signals = signals.spawn_setup() if signals is not None else None
 
     def in_child() -> None:
+        if restore_signals is not None:
+            restore_signals()
         _prctl(PR_SET_PDEATHSIG, death_signal)
         if os.getppid() != parent:  # esiwrap died before prctl took effect
             os.kill(os.getpid(), death_signal)
+            os._exit(128 + death_signal)  # the caller blocked or ignored it: leave all the same
 
-    try:
-        proc = subprocess.Popen(
-            list(argv), executable=executable, env=dict(env),
-            start_new_session=True, preexec_fn=in_child,
-        )
-    except PermissionError as exc:
-        raise CommandError(f"{argv[0]}: not executable ({exc.strerror})", EXIT_NOT_EXECUTABLE) from None
-    except OSError as exc:  # e.g. ENOEXEC: a script without a #! line
-        raise CommandError(f"{argv[0]}: cannot run ({exc.strerror})", EXIT_NOT_EXECUTABLE) from None
+    with signals.blocked_while() if signals is not None else contextlib.nullcontext():
+        proc = subprocess.Popen(argv, executable=executable, env=dict(env), start_new_session=True,
+                                preexec_fn=in_child)
     proc.returncode = 0  # esiwrap reaps with waitpid(-1); keep Popen from reaping or warning
     return proc.pid
+
+
+def _looks_binary(path: str) -> bool:
+    """An executable for another machine (ENOEXEC too) rather than a script: /bin/sh cannot help."""
+    try:
+        with open(path, "rb") as file:
+            head = file.read(512)
+    except OSError:
+        return True
+    return head.startswith(b"\x7fELF") or b"\0" in head
+
+
+def _spawn_error(argv: Sequence[str], env: Mapping[str, str], callers_env: Mapping[str, str] | None,
+                 exc: OSError) -> CommandError:
+    if isinstance(exc, PermissionError):
+        return CommandError(f"{argv[0]}: not executable ({exc.strerror})", EXIT_NOT_EXECUTABLE)
+    if exc.errno == errno.E2BIG:
+        return CommandError(too_long(argv, env, callers_env), EXIT_NOT_EXECUTABLE)
+    if exc.errno == errno.ENOEXEC:
+        return CommandError(f"{argv[0]}: cannot run ({exc.strerror}: a program for another kind of "
+                            "machine?)", EXIT_NOT_EXECUTABLE)
+    return CommandError(f"{argv[0]}: cannot run ({exc.strerror})", EXIT_NOT_EXECUTABLE)
+
+
+MAX_ARG_STRLEN = 32 * 4096  # Linux: the longest single argument or NAME=value, with its NUL
+POINTER_BYTES = 8
+
+
+def exec_bytes(argv: Sequence[str], env: Mapping[str, str]) -> int:
+    """What execve counts against its limit: every string with its NUL, and a pointer to each."""
+    strings = [*argv, *(f"{k}={v}" for k, v in env.items())]
+    return sum(len(os.fsencode(s)) + 1 + POINTER_BYTES for s in strings)
+
+
+def too_long(argv: Sequence[str], env: Mapping[str, str], callers_env: Mapping[str, str] | None) -> str:
+    """The one-line E2BIG error: how far over, and whether esiwrap's own variables did it."""
+    limit = os.sysconf("SC_ARG_MAX")
+    total = exec_bytes(argv, env)
+    if callers_env is None:
+        return (f"{argv[0]}: argument list too long: the command and its environment take {total} bytes, "
+                f"over the kernel's limit of {limit}; shorten the arguments or unset large variables")
+    before = exec_bytes(argv, callers_env)
+    added = {k: v for k, v in env.items() if callers_env.get(k) != v}
+    names = ", ".join(sorted(added))
+    fitted = before < limit and _longest(argv, callers_env)[0] <= MAX_ARG_STRLEN
+    longest, name = _longest(argv, env)
+    if fitted and (total >= limit or longest > MAX_ARG_STRLEN):
+        over = (f"the command and its environment take {total} bytes, over the kernel's limit of {limit}"
+                if total >= limit else f"{name} is {longest} bytes, over the kernel's {MAX_ARG_STRLEN} "
+                "for one")
+        return (f"{argv[0]}: argument list too long, because of esiwrap's own variables ({names}: "
+                f"{total - before} bytes): with them {over}; unset some large environment variables, "
+                "or set ESIWRAP_HOOK=0 to leave PYTHONPATH alone")
+    return (f"{argv[0]}: argument list too long: the command and its environment take {before} bytes "
+            f"without esiwrap's own variables ({names}), over the kernel's limit of {limit}; shorten "
+            "the arguments or unset large environment variables")
+
+
+def _longest(argv: Sequence[str], env: Mapping[str, str]) -> tuple[int, str]:
+    """The longest string execve copies (bytes with its NUL), and what it is."""
+    sizes = [(len(os.fsencode(a)) + 1, "an argument") for a in argv]
+    sizes += [(len(os.fsencode(f"{k}={v}")) + 1, k) for k, v in env.items()]
+    return max(sizes, default=(0, ""))
 
 
 def send(pid: int, signum: int) -> bool:

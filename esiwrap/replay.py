@@ -4,7 +4,7 @@ A `Trace` is one run's facts, fixed before the replay: how long each step takes,
 each step's boundary takes (all of it for a synchronous save; the blocking part apart for an
 asynchronous one), the deadline and its changes as they were announced, and when the capacity
 really went. `replay` feeds `esiwrap.controller.Controller`, the supervisor's own decision core,
-the events the supervisor would (hello, a step report at each boundary, save begin / snapshot /
+the inputs the supervisor would (hello, a step report at each boundary, save begin / snapshot /
 end, deadline answers, a wake-up at every timer it asks for) and carries out its actions: the save
 signal raises the trainer's flag, seen at the trainer's next boundary (one sent while a step report
 is handled is seen at the boundary after), and any stop ends training. The run keeps what its last
@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, replace
 from esiwrap import controller as core
 from esiwrap.controller import Controller, ControllerConfig, Now
 from esiwrap.deadline import Answer, Deadline
+from esiwrap.deadline.value import CapacityKind
 from esiwrap.policy import PolicyConfig, Prior
 
 
@@ -47,8 +48,15 @@ class Trace:
     blocking: list[float] | None = None  # asynchronous saves: the part that stops training
     prior_steps: tuple[float, ...] = ()  # a state file from the previous run: step intervals...
     prior_saves: tuple[float, ...] = ()  # ...and measured saves
+    checkpoint_bytes: float | None = None  # what the trainer says a checkpoint holds...
+    probe_bps: float | None = None  # ...and what the storage probe measured (the prior: bytes / bps)
+    capacity: CapacityKind | None = None  # what the deadline source says of the capacity
+    nodes: int = 1  # the job's nodes, as esiwrap learns them
+    surprise_rate_per_day: float = 0.0  # the true rate of interruptions with no notice, for the
+    # reference policy; reclaim_at is already the first of them when it came before the deadline's
+    surprised: bool = False  # ...and then this is true: the run never met its deadline
     uploads: list[float] | None = None  # `--upload`: the upload of a checkpoint of step k takes uploads[k-1]
-    prior_uploads: tuple[float, ...] = ()  # ...and measured uploads
+    prior_uploads: tuple[float, ...] = ()  # the previous run's state file: measured uploads
 
     def blocking_s(self, step: int) -> float:
         """How long a save at this step's boundary stops training."""
@@ -85,6 +93,7 @@ class Outcome:
     saves: int  # saves begun
     saving_s: float  # wall time training stood still for saves, up to reclamation
     completed: tuple[Write, ...] = ()  # the saves that became durable, in order
+    surprised: bool = False  # an interruption with no notice ended the run before its deadline
     uploading_s: float = 0.0  # wall time uploads ran, up to reclamation
 
     @property
@@ -141,7 +150,7 @@ class Tally:
     def outcome(self) -> Outcome:
         progress = self.progress[self.saved_step - 1] if self.saved_step is not None else 0.0
         return Outcome(self.saved_step, progress, self.trace.reclaim_at, self.saves, self.saving_s,
-                       tuple(self.completed), self.uploading_s)
+                       tuple(self.completed), self.trace.surprised, self.uploading_s)
 
 
 class UploadLine:
@@ -187,7 +196,8 @@ class _Shell:
     The controller is esiwrap's own `esiwrap.controller.Controller`; this shell only carries out its
     actions: the save signal raises the trainer's flag (seen at the trainer's next boundary), and
     any stop ends training (the run keeps what its last durable save holds). An asynchronous
-    write in flight reports its end when it is durable, in time order with everything else.
+    write in flight reports its end when it is durable, and an upload its end when it is over, in
+    time order with everything else.
     """
 
     def __init__(self, trace: Trace, config: ControllerConfig, tally: Tally) -> None:
@@ -203,43 +213,51 @@ class _Shell:
         self.in_flight: Write | None = None
         self.upload: tuple[int, float, float] | None = None  # step, began, ends
         self.changes = sorted(trace.changes, key=lambda c: c.at)
+        self.capacity = trace.capacity
         self.feed(core.ChildStarted(TRAINER_PID))
-        self.feed(core.DeadlineAnswers((_answer(trace.deadline),)))
-        self.feed(core.Hello(TRAINER_PID))
-
-    pending: list[core.Event]
+        self.feed(core.DeadlineAnswers((self._answer(trace.deadline),)))
+        self.probe_bps = trace.probe_bps
+        self.feed(core.Hello(TRAINER_PID, checkpoint_bytes=trace.checkpoint_bytes,
+                             checkpoint_dir="sim" if trace.probe_bps is not None else None,
+                             nodes=trace.nodes if trace.nodes > 1 else None))
 
     @property
     def stopped(self) -> bool:
         return self.stopped_at is not None
 
-    def feed(self, event: core.Event) -> None:
-        """Hand over one event; what carrying out its actions produced (an upload started)
-        follows in order, as in the supervisor."""
-        queue = [event]
+    def feed(self, input_: core.Input) -> None:
+        """Hand over one input; what carrying out its actions produced (an upload started, a probe
+        measured) follows in order, as in the supervisor."""
+        queue = [input_]
         while queue:
-            self.pending = []
-            self._apply(self.controller.handle(queue.pop(0), Now(self.now, self.now)))
-            queue.extend(self.pending)
+            queue.extend(self._apply(self.controller.handle(queue.pop(0), Now(self.now, self.now))))
 
-    def _apply(self, actions: list[core.Action]) -> None:
+    def _apply(self, actions: list[core.Action]) -> list[core.Input]:
+        """Carry out the actions; return the inputs that follow from them."""
+        follow: list[core.Input] = []
+        probed = False
         for action in actions:
             if isinstance(action, core.SendSignal) and TRAINER_PID in action.pids \
                     and action.signal == self.controller.config.save_signal:
                 self.flag = True
             elif isinstance(action, (core.StopChild, core.KillTree, core.Exit)) and self.stopped_at is None:
                 self.stopped_at = self.now
+            elif isinstance(action, core.ProbeStorage) and action.path is not None:
+                probed = True
             elif isinstance(action, core.StartUpload) and self.trace.uploads is not None:
                 began = self.now
                 self.upload = (action.step, began, began + self.trace.uploads[action.step - 1])
-                self.pending.append(core.UploadStarted(UPLOAD_PID))
+                follow.append(core.UploadStarted(UPLOAD_PID))
             elif isinstance(action, core.StopUpload) and self.upload is not None:
                 step, began, _ = self.upload
                 self.upload = None  # cut off: the checkpoint stays local
                 self.tally.uploaded(step, began, math.inf)
-                self.pending.append(core.UploadExited(UPLOAD_PID, None, action.signal))
+                follow.append(core.UploadExited(UPLOAD_PID, None, action.signal))
             if isinstance(action, core.Exit):
                 self.exited = True
+        if probed:  # the probe's answer: its error was drawn with the trace (a second of writing: 0 here)
+            follow.append(core.StorageProbed("sim", self.probe_bps))
+        return follow
 
     def advance(self, until: float, *, after_stop: bool = False) -> None:
         """Timers, deadline announcements, a write becoming durable and an upload ending, up to
@@ -259,12 +277,10 @@ class _Shell:
             elif upload_at == first:
                 self.finish_upload()
             elif change_at == first:
-                self.feed(core.DeadlineAnswers((_answer(self.changes.pop(0).deadline),)))
+                self.feed(core.DeadlineAnswers((self._answer(self.changes.pop(0).deadline),)))
             else:
-                self.pending = []
-                self._apply(self.controller.tick(Now(self.now, self.now)))
-                for event in self.pending:
-                    self.feed(event)
+                for input_ in self._apply(self.controller.tick(Now(self.now, self.now))):
+                    self.feed(input_)
         self.now = max(self.now, until)
 
     def finish_upload(self) -> None:
@@ -294,16 +310,15 @@ class _Shell:
                 break
             self.advance(nxt, after_stop=True)
 
+    def _answer(self, deadline: float) -> Answer:
+        return Answer("sim", deadline=Deadline(at=deadline, source="sim"), capacity=self.capacity)
+
     def finish_write(self) -> None:
         write = self.in_flight
         assert write is not None
         self.in_flight = None
         if self.tally.durable(write):
             self.feed(core.SaveEnd(TRAINER_PID, write.step, duration_s=write.durable - write.begins))
-
-
-def _answer(deadline: float) -> Answer:
-    return Answer("sim", deadline=Deadline(at=deadline, source="sim"))
 
 
 def replay(trace: Trace, config: PolicyConfig | ControllerConfig) -> Outcome:

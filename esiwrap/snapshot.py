@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, fields
 from typing import Any
 
 PHASES = ("running", "save_requested", "draining", "continuing", "stopping", "killing", "uploading")
@@ -43,6 +43,16 @@ class Snapshot:
     saves_failed: int
     saves_missed: int
     trainers: int                    # processes attached
+    # what the systemd status line says besides (newer fields: a reader takes the default when absent)
+    deadline_pending: bool = False   # the sources have not all answered yet
+    requested_save_kind: str | None = None  # a save was asked for and is not acknowledged: its kind
+    saving_step: int | None = None   # ...and the trainer has begun writing it, at this step
+    stop_reason: str | None = None   # stopping, and why
+    # `--upload` (a checkpoint is durable once its upload completed; without, once it completed)
+    durable_step: int | None = None  # the step the last durable checkpoint holds
+    uploading_step: int | None = None  # an upload runs, of the checkpoint of this step
+    uploads_completed: int = 0
+    uploads_failed: int = 0
 
     def to_json(self) -> str:
         """One JSON object; a float that is not finite is written as null."""
@@ -59,7 +69,8 @@ class Snapshot:
         if not isinstance(data, dict):
             msg = "not a JSON object"
             raise ValueError(msg)
-        values = {f.name: _field(f.name, str(f.type), data) for f in fields(cls)}
+        values = {f.name: _field(f.name, str(f.type), data) for f in fields(cls)
+                  if f.name in data or f.default is MISSING}
         return cls(**values)
 
     def remaining_s(self, now: float) -> float | None:
@@ -104,8 +115,8 @@ def _field(name: str, annotation: str, data: dict[str, Any]) -> Any:
 
 
 def _is_a(kind: str, value: Any) -> bool:
-    if isinstance(value, bool):
-        return False
+    if isinstance(value, bool) or kind == "bool":
+        return isinstance(value, bool) and kind == "bool"
     if kind == "float":
         return isinstance(value, (int, float)) and math.isfinite(value)
     return isinstance(value, {"int": int, "str": str}[kind])

@@ -115,7 +115,7 @@ def render(state: JobState) -> str:
     }
     if state.checkpoint is not None:
         c = state.checkpoint
-        obj["checkpoint"] = {"step": c.step, "path": c.path, "at": round(c.at, 3),
+        obj["checkpoint"] = {"step": c.step, "path": c.path, "at": round(c.completed_at, 3),
                              "durable": state.checkpoint_durable or "completed"}
     return json.dumps(obj, separators=(",", ":")) + "\n"
 
@@ -129,7 +129,7 @@ def _checkpoint(value: object) -> tuple[Checkpoint | None, str]:
             or not _finite_number(at):
         return None, ""
     durable = value.get("durable")
-    return Checkpoint(step, path, float(at)), durable if isinstance(durable, str) else "completed"
+    return Checkpoint(step, float(at), path), durable if isinstance(durable, str) else "completed"
 
 
 def load(path: str, now: float) -> JobState | None:

@@ -1,11 +1,17 @@
 """The supervisor: the I/O shell around the decision core (`esiwrap.controller`).
 
-One thread, one selector. The loop blocks on the signal wakeup socket, the trainer channel, the
+One thread, one selector. The loop blocks on the signal wakeup pipe, the trainer channel, the
 deadline watcher's wake socket, a pidfd per attached trainer and (while stopping) pidfds of the
 child's tree, with a timeout the controller sets (`wake_at`). Signal handlers do nothing in
-Python: `signal.set_wakeup_fd` writes the signal number to the wakeup socket. Everything that
-happens becomes an event for the controller, with the time; the controller's actions (signal
-these PIDs, stop the child, log, exit) are carried out here. Nothing here decides.
+Python: `signal.set_wakeup_fd` writes the signal number to the wakeup pipe, which `esiwrap.early`
+set up first thing at start (signals that came while esiwrap loaded wait there). Everything that
+happens becomes an input for the controller, with the time; the controller's actions (signal
+these PIDs, stop the child, log, keep the job's state, check the tree, start or stop an upload,
+look at the checkpoint's filesystem, exit) are carried out here. The `--upload` helper is the
+shell's own child, reaped in the loop like the rest; what holds a checkpoint is looked at on a
+thread (a stat can hang on a dead mount).
+Nothing here decides, and nothing here reads the controller's state but its `snapshot` (for the
+status line, the metrics and the status file).
 """
 
 from __future__ import annotations
@@ -24,19 +30,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from esiwrap import controller as core
-from esiwrap import durability, process, state, systemd, upload
+from esiwrap import durability, early, messages, process, state, systemd, upload
 from esiwrap import events as ev
 from esiwrap.channel import ChannelServer, Message
-from esiwrap.choices import AfterSave, OnSigterm
 from esiwrap.controller import Controller, ControllerConfig, Now
 from esiwrap.deadline import Source, ask, remote
-from esiwrap.envvars import RUN_ID_ENV, SIGNAL_ENV, SOCKET_ENV
-from esiwrap.errors import EXIT_FAILURE, EXIT_NOT_EXECUTABLE, CommandError, Halt
-from esiwrap.integrations import bootstrap_dir
+from esiwrap.envvars import HOOK_SWITCH_ENV, RUN_ID_ENV, SIGNAL_ENV, SOCKET_ENV, TRAINER_SIGTERM_SAVE
+from esiwrap.errors import EXIT_CHECKPOINTED, EXIT_FAILURE, EXIT_NOT_EXECUTABLE, CommandError, Halt
 from esiwrap.log import get_logger
 from esiwrap.observe import Observer, ObserveSettings
-from esiwrap.policy import PolicyConfig
-from esiwrap.signals import HANDLED, signal_label, signal_number
+from esiwrap.paths import bootstrap_dir
+from esiwrap.signals import signal_label, signal_number
+from esiwrap.snapshot import Snapshot
+from esiwrap.storage import StorageProber
 from esiwrap.tree import ProcessTree
 from esiwrap.watcher import DeadlineWatcher
 
@@ -44,33 +50,19 @@ MAX_WAIT_S = 60.0  # re-read the wall clock at least this often: it can jump
 POLL_WITHOUT_PIDFD_S = 0.2  # only while stopping, on kernels without pidfd_open
 HAS_PIDFD = hasattr(os, "pidfd_open")
 LogNote = tuple[str, str, dict[str, Any]]  # level, event, fields
+MAX_NODES = 1 << 20  # a hello's node count beyond this is not one
 RESERVED_HELLO_KEYS = frozenset({"type", "pid", "event", "level", "timestamp", "run_id"})
 
 
 @dataclass(frozen=True)
 class SupervisorConfig:
     argv: Sequence[str]
-    policy: PolicyConfig = field(default_factory=PolicyConfig)
-    save_signal: int = signal.SIGUSR1
-    stop_signal: int = signal.SIGTERM
-    stop_grace_s: float = 30.0
-    after_save: AfterSave = "stop"
-    on_sigterm: OnSigterm = "checkpoint"
-    signal_child: bool = False
+    controller: ControllerConfig = field(default_factory=ControllerConfig)  # `options.controller_config`
     run_id: str = ""
     state_file: str | None = None
-    stop_budget_s: float | None = None
     settings: Mapping[str, Any] = field(default_factory=dict)  # the run options, logged at start
+    child_env: Mapping[str, str] = field(default_factory=dict)  # added for the platform (Slurm's)
     upload: str | None = None  # `--upload CMD`: run after each completed save ({path}, {step})
-    local_checkpoints_survive: bool = False
-
-    def controller_config(self) -> ControllerConfig:
-        return ControllerConfig(
-            policy=self.policy, save_signal=signal_label(self.save_signal),
-            stop_signal=signal_label(self.stop_signal), stop_grace_s=self.stop_grace_s,
-            after_save=self.after_save, on_sigterm=self.on_sigterm, signal_child=self.signal_child,
-            stop_budget_s=self.stop_budget_s, local_checkpoints_survive=self.local_checkpoints_survive,
-        )
 
 
 class Supervisor:
@@ -81,20 +73,24 @@ class Supervisor:
         environ: Mapping[str, str] | None = None,
         clock: Callable[[], float] = time.time,
         observe: ObserveSettings | None = None,
+        before_checkpointed_exit: Callable[[], LogNote] | None = None,
     ) -> None:
         self.config = config
+        self._before_checkpointed_exit = before_checkpointed_exit  # the Slurm requeue
         self.log = get_logger()
         self._job_state, state_note = _load_state(config.state_file, clock())
         prior = self._job_state.prior() if self._job_state is not None else None
         resume_from = self._job_state.checkpoint if self._job_state is not None else None
-        self.controller = Controller(config.controller_config(), prior=prior, resume_from=resume_from)
+        self.controller = Controller(config.controller, prior=prior, resume_from=resume_from)
         self._state_note = state_note  # logged once the child runs
-        self._kept: tuple[int, int, core.Checkpoint | None] = (0, 0, resume_from)  # what the file holds
         self._state_failed = False
-        self._queued: list[core.Event] = []  # what carrying out actions produced, fed next
+        self._child_pid: int | None = None  # what we spawned...
+        self._child_reaped = False  # ...and whether its exit was collected
+        self._stopping = False  # the controller asked for the tree to be checked: it stops for good
+        self._queued: list[core.Input] = []  # what carrying out actions produced, fed next
         self._feeding = False
         self._upload: upload.UploadProcess | None = None
-        self._background: queue.SimpleQueue[core.Event] = queue.SimpleQueue()  # from helper threads
+        self._background: queue.SimpleQueue[core.Input] = queue.SimpleQueue()  # from helper threads
         self._environ = dict(os.environ if environ is None else environ)
         self._clock = clock
         # Sources whose answer cannot change are local and instant: asked before the child starts.
@@ -103,20 +99,19 @@ class Supervisor:
         self._tree = ProcessTree(self._selector)
         self._trainer_fds: dict[int, int] = {}  # pid -> pidfd
         self._channel: ChannelServer | None = None
-        self._signal_r, self._signal_w = socket.socketpair()
+        self._signals: early.Caught | None = None  # the wakeup pipe, once `run` caught the signals
         self._wake_r, self._wake_w = socket.socketpair()
-        for sock in (self._signal_r, self._signal_w, self._wake_r, self._wake_w):
+        for sock in (self._wake_r, self._wake_w):
             sock.setblocking(False)  # a full buffer drops a wake-up byte; it never blocks a thread
         self._watcher = DeadlineWatcher([s for s in sources if s.period_s is not None], self._wake_w)
-        self._old_handlers: dict[int, Any] = {}
-        self._old_wakeup_fd = -1
+        self._prober = StorageProber(self._poke)  # the checkpoint storage's speed, off the loop
         self._systemd = systemd.Notifier.from_environ(self._environ)
         self._observer = Observer(self._selector, observe or ObserveSettings())  # metrics, status file
 
     # ------------------------------------------------------------------ lifecycle
     def run(self) -> int:
         """Supervise until the child and its tree are gone; return esiwrap's exit status."""
-        self._install_signal_handlers()
+        self._signals = early.catch()  # already done by the `esiwrap` executable, before its imports
         try:
             self._channel = ChannelServer()
             self._start_child()
@@ -136,49 +131,47 @@ class Supervisor:
         return self._exit("loop ended", EXIT_FAILURE)  # pragma: no cover - the loop only halts
 
     def _exit(self, reason: str, code: int) -> int:
-        c = self.controller
-        durable = c.durable_checkpoint
-        self.log.info(ev.SUPERVISOR_EXIT, code=code, reason=reason, last_step=c.obs.last_step,
-                      checkpoint_step=c.last_saved_step, durable_step=durable.step if durable else None)
+        if code == EXIT_CHECKPOINTED and self._before_checkpointed_exit is not None:
+            # Last, once the child's tree is gone: a Slurm requeue signals every process of the job.
+            level, event, fields = self._before_checkpointed_exit()
+            getattr(self.log, level)(event, **fields)
+        snapshot = self._snapshot()
+        self.log.info(ev.SUPERVISOR_EXIT, code=code, reason=reason, last_step=snapshot.last_step,
+                      checkpoint_step=snapshot.last_checkpoint_step, durable_step=snapshot.durable_step)
         return code
 
     def _start_child(self) -> None:
         assert self._channel is not None
         env = child_environment(self._environ, self._channel.path, self.config)
         process.become_subreaper()
-        pid = process.spawn(self.config.argv, env, death_signal=signal.SIGTERM)
-        host = socket.gethostname()
+        pid = self._child_pid = process.spawn(self.config.argv, env, death_signal=signal.SIGTERM,
+                                              signals=self._signals, callers_env=self._environ)
+        host = socket.gethostname()  # which instance this run is on (`esiwrap report`)
         self._feed(core.ChildStarted(pid, tuple(self.config.argv), self.config.settings, host))
         if self._state_note is not None:
             level, event, fields = self._state_note
             getattr(self.log, level)(event, **fields)
         if self._static:  # known before READY, so the first status line already has the deadline
             self._feed(core.DeadlineAnswers(tuple(ask(s, self._clock()) for s in self._static)))
-        self._systemd.ready(*self._status_parts(), time.monotonic())
-        self._selector.register(self._signal_r, selectors.EVENT_READ, self._on_signal_bytes)
+        self._systemd.ready(*systemd.status_parts(self._snapshot()), time.monotonic())
+        assert self._signals is not None
+        self._selector.register(self._signals.read_fd, selectors.EVENT_READ, self._on_signal_bytes)
         self._selector.register(self._wake_r, selectors.EVENT_READ, self._on_watcher_wake)
         self._selector.register(self._channel, selectors.EVENT_READ, self._on_channel)
         self._reap()  # a child that died before the selector existed
 
-    def _install_signal_handlers(self) -> None:
-        self._old_wakeup_fd = signal.set_wakeup_fd(self._signal_w.fileno(), warn_on_full_buffer=False)
-        for signum in HANDLED:
-            # The C-level handler writes the number to the wakeup fd; the Python one does nothing.
-            self._old_handlers[signum] = signal.signal(signum, _noop_handler)
-
     def _close(self) -> None:
         self._observer.close()
         self._watcher.stop()
-        self._keep_state(final=True)
-        for signum, handler in self._old_handlers.items():
-            with contextlib.suppress(ValueError, TypeError):
-                signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
-        signal.set_wakeup_fd(self._old_wakeup_fd)
+        self._prober.stop()
+        self._apply(self.controller.finish(self._now()))  # the job's state, kept once more
         for pid in list(self._trainer_fds):
             self._forget_trainer(pid)
         self._tree.close()
         self._selector.close()
-        for sock in (self._signal_r, self._signal_w, self._wake_r, self._wake_w):
+        if self._signals is not None:
+            early.release()  # the handlers, mask and wakeup fd this process had before
+        for sock in (self._wake_r, self._wake_w):
             sock.close()
         if self._channel is not None:
             self._channel.close()
@@ -190,16 +183,18 @@ class Supervisor:
                 key.data(key)
             self._apply(self.controller.tick(self._now()))
             self._feed_queued()
-            if self._stopping():
-                self._check_tree()
-            self._tell_systemd()
-            self._publish()
+            snapshot = self._snapshot()
+            self._tell_systemd(snapshot)
+            self._publish(snapshot)
 
-    def _publish(self) -> None:
+    def _snapshot(self) -> Snapshot:
+        return self.controller.snapshot(self._now(), self.config.run_id, os.getpid())
+
+    def _publish(self, snapshot: Snapshot) -> None:
         """The metrics file and endpoint, the status file: the controller's state as of now."""
-        now = self._now()
-        self._observer.tick(now.mono)
-        self._observer.update(self.controller.snapshot(now, self.config.run_id, os.getpid()), now.mono)
+        mono = time.monotonic()
+        self._observer.tick(mono)
+        self._observer.update(snapshot, mono)
 
     def _now(self) -> Now:
         return Now(self._clock(), time.monotonic())
@@ -209,7 +204,7 @@ class Supervisor:
         due = self.controller.wake_at(self._now())
         if due is not None:
             waits.append(due)
-        if self._stopping() and not HAS_PIDFD:
+        if self._stopping and not HAS_PIDFD:
             waits.append(POLL_WITHOUT_PIDFD_S)
         mono = time.monotonic()
         observer_due = self._observer.next_wake(mono)
@@ -217,48 +212,37 @@ class Supervisor:
             waits.append(observer_due - mono)
         return max(0.0, min(waits))
 
-    def _feed(self, event: core.Event) -> None:
-        self._queued.append(event)
+    def _feed(self, input_: core.Input) -> None:
+        self._queued.append(input_)
         self._feed_queued()
 
     def _feed_queued(self) -> None:
-        """Hand the controller each queued event in turn; carrying out its actions may queue more
-        (an upload started), which follow in order rather than inside the actions' loop."""
+        """Hand the controller each queued input in turn; carrying out its actions may queue more
+        (an upload started, the tree checked), which follow in order rather than inside the
+        actions' loop."""
         if self._feeding:
             return
         self._feeding = True
         try:
             while self._queued:
                 self._apply(self.controller.handle(self._queued.pop(0), self._now()))
-                self._keep_state()
         finally:
             self._feeding = False
 
     # ------------------------------------------------------------------ the job's state file
-    def _keep_state(self, final: bool = False) -> None:
-        """Write what this run measured to --state-file after every save and upload, and once at
-        the end."""
-        obs = self.controller.obs
+    def _keep_state(self, kept: core.KeepState) -> None:
+        """Write what this run measured to --state-file (the controller says when)."""
         path = self.config.state_file
-        kept = (len(obs.saves), len(obs.uploads), self.controller.durable_checkpoint)
-        if path is None or self._state_failed or not (kept != self._kept or final):
+        if path is None or self._state_failed:
             return
-        if final and not obs.saves and obs.last_step is None:
-            return  # nothing measured: leave the file as it is
-        self._kept = kept
         base = self._job_state or state.JobState()
-        after = base.after_run(obs.intervals, [d for _, d in obs.saves], obs.blocking, self._clock(),
-                               self.config.argv, uploads=obs.uploads,
-                               checkpoint=self.controller.durable_checkpoint,
-                               uploaded=self.config.upload is not None)
+        after = base.after_run(kept.steps, kept.saves, kept.blocking, self._clock(), self.config.argv,
+                               uploads=kept.uploads, checkpoint=kept.checkpoint, uploaded=kept.uploaded)
         try:
             state.write_atomic(path, state.render(after))
         except OSError as exc:
             self._state_failed = True  # once: a full disk must not flood the log or stop training
             self.log.warning(ev.STATE_NOT_SAVED, path=path, error=f"{exc.strerror or exc}")
-
-    def _stopping(self) -> bool:
-        return self.controller.mode in (core.Mode.STOPPING, core.Mode.KILLING)
 
     # ------------------------------------------------------------------ carrying out actions
     def _apply(self, actions: Sequence[core.Action]) -> None:
@@ -276,10 +260,17 @@ class Supervisor:
                 self._kill_tree()
             elif isinstance(action, core.TermLeftovers):
                 process.signal_all(self._tree_remaining(), signal.SIGTERM)
+            elif isinstance(action, core.CheckTree):
+                self._stopping = True
+                self._check_tree()
+            elif isinstance(action, core.KeepState):
+                self._keep_state(action)
             elif isinstance(action, core.NotifyStopping):
                 self._systemd.stopping()
             elif isinstance(action, core.ExtendStopTimeout):
                 self._systemd.extend_stop(action.seconds)
+            elif isinstance(action, core.ProbeStorage):
+                self._prober.submit(action.path, action.previous, action.max_bytes)
             elif isinstance(action, core.StartUpload):
                 self._start_upload(action)
             elif isinstance(action, core.StopUpload):
@@ -344,13 +335,12 @@ class Supervisor:
             found = durability.filesystem_of(path)
             self._background.put(core.FilesystemChecked(path, found.kind, found.fstype, found.mount_point,
                                                         found.source))
-            with contextlib.suppress(OSError):
-                self._wake_w.send(b"\0")
+            self._poke()
 
         threading.Thread(target=look, name="esiwrap-filesystem", daemon=True).start()
 
     def _stop_child(self, name: str | None) -> None:
-        child = self.controller.child_pid
+        child = self._child_pid
         if child is None:
             return
         self._tree.snapshot(child)
@@ -375,9 +365,10 @@ class Supervisor:
         process.signal_all(remaining, signal.SIGKILL)
 
     def _forward_stop_signal(self) -> None:
-        child = self.controller.child_pid
-        if child is not None and self.controller.child_status is None:
-            process.send(child, self.config.stop_signal)
+        child = self._child_pid
+        signum = signal_number(self.config.controller.stop_signal)
+        if child is not None and not self._child_reaped and signum is not None:
+            process.send(child, signum)
 
     def _check_tree(self) -> None:
         """While stopping: reap, watch what is left, and tell the controller how much that is."""
@@ -388,8 +379,9 @@ class Supervisor:
 
     # ------------------------------------------------------------------ inputs
     def _on_signal_bytes(self, _: selectors.SelectorKey) -> None:
+        assert self._signals is not None
         try:
-            data = self._signal_r.recv(512)
+            data = os.read(self._signals.read_fd, 512)
         except (BlockingIOError, InterruptedError):
             return
         for signum in data:
@@ -398,47 +390,58 @@ class Supervisor:
             else:
                 self._feed(core.SignalReceived(signal_label(signum)))
 
+    def _poke(self) -> None:
+        """Wake the loop from another thread (a full buffer already holds a wake-up)."""
+        with contextlib.suppress(BlockingIOError, InterruptedError, OSError):
+            self._wake_w.send(b"\0")
+
     def _on_watcher_wake(self, _: selectors.SelectorKey) -> None:
         with contextlib.suppress(BlockingIOError, InterruptedError):
             self._wake_r.recv(512)
         answers = self._watcher.drain()
         if answers:
             self._feed(core.DeadlineAnswers(tuple(answers)))
+        for m in self._prober.drain():
+            self._feed(core.StorageProbed(m.path, m.bandwidth_bps, m.written_bytes, m.seconds, m.source,
+                                          m.error))
         while not self._background.empty():
             self._feed(self._background.get_nowait())
 
     def _on_channel(self, _: selectors.SelectorKey) -> None:
         assert self._channel is not None
         for message in self._channel.receive():
-            event = self._event_of(message)
-            if event is not None:
-                self._feed(event)
+            input_ = self._input_of(message)
+            if input_ is not None:
+                self._feed(input_)
 
-    def _event_of(self, message: Message) -> core.Event | None:
+    def _input_of(self, message: Message) -> core.Input | None:
         step = message.get_int("step")
-        if message.type == "hello":
+        if message.type == messages.HELLO:
             return self._hello(message)
-        if message.type == "bye":
+        if message.type == messages.BYE:
             self._forget_trainer(message.pid)
             return core.TrainerGone(message.pid)
-        if message.type == "step":
+        if message.type == messages.STEP:
             return core.Step(message.pid, step, _finite(message.get_float("duration_s")))
+        if message.type == messages.CHECKPOINT:
+            size = _positive(message.get_float("bytes"))
+            return core.CheckpointSize(message.pid, size) if size is not None else None
         peer = message.get_bool("peer", False)  # another node's esiwrap asked for this save
-        if message.type == "save_begin":
+        if message.type == messages.SAVE_BEGIN:
             return core.SaveBegin(message.pid, step, peer=peer)
-        if message.type == "save_snapshot":
+        if message.type == messages.SAVE_SNAPSHOT:
             return core.SaveSnapshot(message.pid, step, _finite(message.get_float("duration_s")), peer=peer)
-        if message.type == "save_end":
+        if message.type == messages.SAVE_END:
             return core.SaveEnd(
                 message.pid, step, ok=message.get_bool("ok", True),
                 duration_s=_finite(message.get_float("duration_s")), path=message.get_str("path"),
                 error=message.get_str("error"), peer=peer,
             )
-        if message.type == "start":  # where training starts (the verl hook, after loading)
+        if message.type == messages.START:  # where training starts (the verl hook, after loading)
             fields = {k: v for k, v in message.fields.items() if k not in RESERVED_HELLO_KEYS | {"step"}}
             return core.TrainingStart(message.pid, step, fields)
-        if message.type == "deadline":  # another node's answer, relayed by a Ray driver (ray_nodes)
-            answer = remote.from_fields(message.fields)
+        if message.type == messages.DEADLINE:  # another node's answer, relayed by a Ray driver (ray_nodes)
+            answer = remote.from_fields(message.fields, self._clock())
             return core.DeadlineAnswers((answer,)) if answer is not None else None
         return None
 
@@ -454,6 +457,11 @@ class Supervisor:
             wants_signal=wants_signal, descendant=descendant,
             stop_signal=signal_label(stop_signal) if stop_signal is not None else None,
             fields={k: v for k, v in message.fields.items() if k not in RESERVED_HELLO_KEYS},
+            checkpoint_bytes=_positive(message.get_float("checkpoint_bytes")),
+            checkpoint_dir=message.get_str("checkpoint_dir")[:4096] or None,
+            resumed_from=message.get_str("resumed_from")[:4096] or None,
+            nodes=min(message.get_int("nodes"), MAX_NODES) or None,
+            sigterm_saves=message.get_str("sigterm") == TRAINER_SIGTERM_SAVE,
         )
 
     def _watch_trainer(self, pid: int) -> None:
@@ -488,7 +496,8 @@ class Supervisor:
                 return
             if pid == 0:
                 return
-            if pid == self.controller.child_pid:
+            if pid == self._child_pid:
+                self._child_reaped = True
                 self._forget_trainer(pid)
                 self._feed(_child_exited(pid, status))
             elif self._upload is not None and pid == self._upload.pid:
@@ -497,30 +506,12 @@ class Supervisor:
                 self._trainer_exited(pid)
 
     # ------------------------------------------------------------------ systemd
-    def _tell_systemd(self) -> None:
+    def _tell_systemd(self, snapshot: Snapshot) -> None:
         """STATUS= when it changed, WATCHDOG=1 when due; both do nothing outside systemd."""
         if self._systemd.enabled:
             mono = time.monotonic()
-            self._systemd.status(*self._status_parts(), mono)
+            self._systemd.status(*systemd.status_parts(snapshot), mono)
             self._systemd.ping_if_due(mono)
-
-    def _status_parts(self) -> tuple[str, str]:
-        c = self.controller
-        request, plan, deadline = c.request, c.plan, c.deadline
-        return systemd.status_parts(systemd.StatusFacts(
-            now=self._clock(), phase=c.mode.value,
-            deadline_at=deadline.at if deadline else None,
-            source=deadline.source if deadline else None,
-            deadline_pending=c.deadline_pending,
-            plan_kind=plan.kind if plan else None,
-            signal_at=plan.nominal_at if plan else None,
-            request_kind=request.kind if request else None,
-            saving_step=max(request.begun.values()) if request and request.begun else None,
-            last_saved_step=c.last_saved_step, last_step=c.obs.last_step,
-            step_estimate_s=c.current_step_estimate_s(),
-            stop_reason=c.stop.reason if c.stop else None,
-            awaiting_ack=c.mode is core.Mode.DRAINING,
-        ))
 
 
 def _load_state(path: str | None, now: float) -> tuple[state.JobState | None, LogNote | None]:
@@ -534,12 +525,11 @@ def _load_state(path: str | None, now: float) -> tuple[state.JobState | None, Lo
     if loaded is None:
         return None, ("info", ev.STATE_LOADED, {"path": path, "steps": 0, "saves": 0,
                                                "note": "no state file yet: the job's first run"})
-    checkpoint = loaded.checkpoint
     return loaded, ("info", ev.STATE_LOADED, {
         "path": path, "steps": len(loaded.steps), "saves": len(loaded.saves),
         "longest_save_s": max(loaded.saves) if loaded.saves else None,
         "uploads": len(loaded.uploads), "longest_upload_s": max(loaded.uploads) if loaded.uploads else None,
-        "checkpoint_step": checkpoint.step if checkpoint is not None else None,
+        "checkpoint_step": loaded.checkpoint.step if loaded.checkpoint is not None else None,
         "age_s": round(now - loaded.updated_at, 3),
     })
 
@@ -551,6 +541,11 @@ def _child_exited(pid: int, status: int) -> core.ChildExited:
     return core.ChildExited(pid, os.waitstatus_to_exitcode(status))
 
 
+def _positive(value: float) -> float | None:
+    """A size the trainer reported, or None for anything that is not one (absent, NaN, 0)."""
+    return value if math.isfinite(value) and value > 0 else None
+
+
 def _finite(value: float) -> float:
     return value if math.isfinite(value) and value >= 0 else 0.0
 
@@ -560,13 +555,13 @@ def child_environment(base: Mapping[str, str], socket_path: str, config: Supervi
     esiwrap's alone), plus where to find us and which signal means "save"."""
     env = {key: value for key, value in base.items() if key not in systemd.CHILD_UNSET}
     env[SOCKET_ENV] = socket_path
-    env[SIGNAL_ENV] = signal_label(config.save_signal)
-    # Zero-code hooks (verl): our sitecustomize first, inert without the variables above.
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (bootstrap_dir(), base.get("PYTHONPATH", "")) if p)
+    env[SIGNAL_ENV] = config.controller.save_signal
+    env.update(config.child_env)
+    # Zero-code hooks (verl): our sitecustomize first, inert without the variables above; with the
+    # hooks off (ESIWRAP_HOOK=0), PYTHONPATH stays the caller's.
+    if base.get(HOOK_SWITCH_ENV, "1") != "0":
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (bootstrap_dir(), base.get("PYTHONPATH", "")) if p)
     if config.run_id:
         env[RUN_ID_ENV] = config.run_id
     return env
 
-
-def _noop_handler(signum: int, frame: object) -> None:
-    """Nothing to do here: the wakeup fd already carries the signal to the loop."""

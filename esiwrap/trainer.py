@@ -25,14 +25,18 @@ from contextlib import contextmanager
 from types import FrameType
 from typing import Any
 
+from esiwrap import messages
 from esiwrap.channel import ChannelClient
+from esiwrap.envvars import SOCKET_ENV, TRAINER_SIGTERM_ENV, TRAINER_SIGTERM_SAVE
 from esiwrap.signals import save_signal
 
 __all__ = [
     "any_rank",
+    "checkpoint_bytes",
     "clear",
     "install",
     "installed_signal",
+    "report_checkpoint_bytes",
     "request_save",
     "save_finished",
     "save_requested",
@@ -55,6 +59,8 @@ class _State:
         self.peer = False  # ...and this process had not been asked itself: another node's request
         self.signum: int | None = None
         self.previous: _Handler = None
+        self.previous_sigterm: _Handler = None
+        self.sigterm_taken = False  # SIGTERM asks for a save (inside a Slurm job)
         self.client = ChannelClient(None)
         self.last_boundary = time.monotonic()
         self.save_started_at: float | None = None
@@ -70,12 +76,22 @@ def _on_signal(signum: int, frame: FrameType | None) -> None:
         previous(signum, frame)
 
 
+def _on_sigterm(signum: int, frame: FrameType | None) -> None:
+    _state.requested = True
+    previous = _state.previous_sigterm
+    if callable(previous):
+        previous(signum, frame)
+
+
 def install(
     signum: int | None = None,
     *,
     saves: bool = True,
     stop_signal: str | None = None,
     integration: str = "plain",
+    checkpoint_bytes: float | None = None,
+    checkpoint_dir: str | os.PathLike[str] | None = None,
+    resumed_from: str | os.PathLike[str] | None = None,
     **hello: Any,
 ) -> None:
     """Register the save-signal handler and say hello to the supervisor (main thread only).
@@ -87,6 +103,18 @@ def install(
     `stop_signal` asks esiwrap to stop this process with another signal than
     its `--stop-signal` (e.g. "SIGINT" for a Ray driver). A previous handler is chained, and
     restored by `uninstall()`.
+
+    What esiwrap can know of the save before the first one, so that it need not guess:
+    `checkpoint_bytes`, what this process writes of a checkpoint (`checkpoint_bytes(model,
+    optimizer)` sums it; `report_checkpoint_bytes` updates it later); `checkpoint_dir`, where
+    checkpoints go (esiwrap measures that storage's write speed); `resumed_from`, the checkpoint
+    this run resumed from (its files say how big a checkpoint is and how long one took to write).
+
+    Inside a Slurm job (esiwrap exports `ESIWRAP_TRAINER_SIGTERM=save`) Slurm sends SIGTERM to
+    every process of the job, this one too, while esiwrap may still be waiting for its save: the
+    handler then also takes SIGTERM, as a save request, and the hello asks esiwrap to stop this
+    process with SIGHUP (SIGINT where SIGHUP is ignored or handled) instead, unless
+    `stop_signal` is given.
     """
     if threading.current_thread() is not threading.main_thread():
         msg = "esiwrap.trainer.install() must be called from the main thread"
@@ -102,9 +130,116 @@ def install(
     rank, world_size = _rank_and_world()
     fields: dict[str, Any] = {"rank": rank, "world_size": world_size, "saves": saves}
     fields.update(integration=integration, signal=True, **hello)
-    if stop_signal:
-        fields["stop_signal"] = stop_signal
-    _state.client.send("hello", **fields)
+    stop = stop_signal or _sigterm_saves()
+    if stop:
+        fields["stop_signal"] = stop
+    if _state.sigterm_taken:
+        fields["sigterm"] = TRAINER_SIGTERM_SAVE
+    fields.update(_checkpoint_fields(checkpoint_bytes, checkpoint_dir, resumed_from))
+    nodes = _nodes(world_size)
+    if nodes > 1:
+        fields["nodes"] = nodes
+    _state.client.send(messages.HELLO, **fields)
+
+
+def _sigterm_saves() -> str | None:
+    """Under esiwrap in a Slurm job: take SIGTERM as a save request, and return the signal that
+    still stops this process (None, and SIGTERM left alone, when there is none)."""
+    if os.environ.get(TRAINER_SIGTERM_ENV) != TRAINER_SIGTERM_SAVE or not os.environ.get(SOCKET_ENV):
+        return None
+    stop = _obeyed_stop_signal()
+    if stop is not None:
+        _state.previous_sigterm = signal.getsignal(signal.SIGTERM)
+        signal.signal(signal.SIGTERM, _on_sigterm)
+        _state.sigterm_taken = True
+    return stop
+
+
+def _obeyed_stop_signal() -> str | None:
+    """SIGHUP while it has its default action: it ends the process at once, as SIGTERM did (the
+    checkpoint is complete; measured 0.02 s, where SIGINT's KeyboardInterrupt unwinds and tears
+    the interpreter down in 0.7-3 s, close to a Slurm job's end). Else SIGINT unless ignored
+    (`nohup` ignores SIGHUP; a batch script's background command, SIGINT)."""
+    if signal.getsignal(signal.SIGHUP) is signal.SIG_DFL:
+        return "SIGHUP"
+    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+        return "SIGINT"
+    return None
+
+
+def _checkpoint_fields(nbytes: float | None, directory: str | os.PathLike[str] | None,
+                       resumed_from: str | os.PathLike[str] | None) -> dict[str, Any]:
+    fields: dict[str, Any] = {}
+    if nbytes is not None and nbytes > 0:
+        fields["checkpoint_bytes"] = float(nbytes)
+    if directory is not None:
+        fields["checkpoint_dir"] = os.path.abspath(os.fspath(directory))
+    if resumed_from is not None:
+        fields["resumed_from"] = os.path.abspath(os.fspath(resumed_from))
+    return fields
+
+
+def _nodes(world_size: int) -> int:
+    """The job's nodes, from torchrun's variables (a job is interrupted when any node is)."""
+    try:
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", "0"))
+    except ValueError:
+        local = 0
+    return -(-world_size // local) if local > 0 else 1
+
+
+def report_checkpoint_bytes(nbytes: float) -> None:
+    """Tell esiwrap (again) what this process writes of a checkpoint: once the optimizer's state
+    exists, or when the checkpoint grows. Never blocks or raises."""
+    if nbytes > 0:
+        _state.client.send(messages.CHECKPOINT, bytes=float(nbytes))
+
+
+def checkpoint_bytes(*objects: Any) -> int:
+    """The bytes of the tensors a checkpoint of `objects` holds, counted without copying anything:
+    `torch.nn.Module`s (parameters and buffers), optimizers (their state; before the first step,
+    when an optimizer has none yet, what its kind will keep: two tensors per parameter for Adam
+    and its kin, one for SGD with momentum or Adagrad, two for any other), state dicts, tensors,
+    and lists, tuples or dicts of them. A tensor shared by several objects counts once; a sharded
+    tensor (DTensor, FSDP) counts its local shard: what this process writes."""
+    seen: set[tuple[int, int]] = set()
+    return sum(_tensor_bytes(obj, seen) for obj in objects)
+
+
+_STATE_TENSORS = {"SGD": 1, "Adagrad": 1, "RMSprop": 1, "Rprop": 2, "Adadelta": 2, "Adam": 2, "AdamW": 2,
+                  "Adamax": 2, "NAdam": 2, "RAdam": 2, "SparseAdam": 2, "LBFGS": 2}
+
+
+def _tensor_bytes(obj: Any, seen: set[tuple[int, int]]) -> int:
+    if hasattr(obj, "element_size") and hasattr(obj, "numel"):  # a tensor
+        local = getattr(obj, "_local_tensor", obj)  # a DTensor: this rank's shard
+        try:
+            key = (local.untyped_storage().data_ptr(), local.storage_offset())
+        except Exception:
+            key = (id(local), 0)
+        if key in seen:
+            return 0
+        seen.add(key)
+        return int(local.numel()) * int(local.element_size())
+    if hasattr(obj, "param_groups") and hasattr(obj, "state"):  # an optimizer
+        return _optimizer_bytes(obj, seen)
+    if hasattr(obj, "state_dict") and hasattr(obj, "parameters"):  # a module
+        return _tensor_bytes(obj.state_dict(keep_vars=True), seen)
+    if isinstance(obj, dict):
+        return sum(_tensor_bytes(v, seen) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(_tensor_bytes(v, seen) for v in obj)
+    return 0
+
+
+def _optimizer_bytes(optimizer: Any, seen: set[tuple[int, int]]) -> int:
+    if any(optimizer.state.values()):
+        return sum(_tensor_bytes(state, seen) for state in optimizer.state.values())
+    per_param = _STATE_TENSORS.get(type(optimizer).__name__, 2)
+    if type(optimizer).__name__ == "SGD" and not any(g.get("momentum") for g in optimizer.param_groups):
+        per_param = 0
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    return per_param * sum(_tensor_bytes(p, set()) for p in params)
 
 
 def uninstall() -> None:
@@ -115,6 +250,10 @@ def uninstall() -> None:
     signal.signal(_state.signum, previous)
     _state.signum = None
     _state.previous = None
+    if _state.sigterm_taken:
+        before = _state.previous_sigterm
+        signal.signal(signal.SIGTERM, before if before is not None else signal.SIG_DFL)
+        _state.sigterm_taken, _state.previous_sigterm = False, None
     _state.client.close()
 
 
@@ -160,7 +299,7 @@ def step_done(step: int) -> None:
     now = time.monotonic()
     duration_s = now - _state.last_boundary
     _state.last_boundary = now
-    _state.client.send("step", step=int(step), duration_s=round(duration_s, 6))
+    _state.client.send(messages.STEP, step=int(step), duration_s=round(duration_s, 6))
 
 
 @contextmanager
@@ -186,7 +325,7 @@ def save_started(step: int) -> None:
     """Report that a checkpoint write begins (for callbacks, where a `with` block cannot span
     the hooks that start and end the write; `saving()` is this pair around a block)."""
     _state.save_started_at = time.monotonic()
-    _state.client.send("save_begin", step=int(step), **_peer_field())
+    _state.client.send(messages.SAVE_BEGIN, step=int(step), **_peer_field())
 
 
 def save_snapshotted(step: int) -> None:
@@ -195,8 +334,8 @@ def save_snapshotted(step: int) -> None:
     The request is served: it is cleared. Call `save_finished` once the write is durable."""
     started = _state.save_started_at if _state.save_started_at is not None else time.monotonic()
     clear()
-    _state.client.send("save_snapshot", step=int(step), duration_s=round(time.monotonic() - started, 6),
-                       **_peer_field())
+    _state.client.send(messages.SAVE_SNAPSHOT, step=int(step),
+                       duration_s=round(time.monotonic() - started, 6), **_peer_field())
 
 
 def save_finished(step: int, path: str | os.PathLike[str] | None = None, *,
@@ -225,7 +364,7 @@ def save_finished(step: int, path: str | os.PathLike[str] | None = None, *,
         request_save()
     else:
         clear()
-    _state.client.send("save_end", **fields)
+    _state.client.send(messages.SAVE_END, **fields)
 
 
 class AsyncSave:

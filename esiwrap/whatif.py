@@ -16,12 +16,16 @@ import shlex
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from esiwrap import events as ev
 from esiwrap.deadline.value import iso_epoch
 from esiwrap.errors import UsageError
+from esiwrap.options import RUN_OPTIONS, build_run_parser, controller_config, resolve_options
 from esiwrap.replay import DeadlineChange, Outcome, Trace, replay
+
+if TYPE_CHECKING:
+    from esiwrap.controller import ControllerConfig
 
 Event = dict[str, Any]
 
@@ -114,8 +118,28 @@ def _trace(run: Sequence[Event], start: float, settings: Mapping[str, Any]) -> t
     if settings.get("--upload"):  # --upload: a checkpoint's upload takes what the nearest one took
         guess = float(settings.get("--upload-duration", 60.0))
         uploads = _by_step(run, ev.UPLOAD_COMPLETED, len(steps), guess)
-    return (Trace("log", steps, saves, first_at, reclaim_at, changes, uploads=uploads), bool(measured),
-            sum(1 for e in run if e["event"] == ev.SAVE_COMPLETED))
+    trace = Trace("log", steps, saves, first_at, reclaim_at, changes, uploads=uploads, **_knowledge(run))
+    return trace, bool(measured), sum(1 for e in run if e["event"] == ev.SAVE_COMPLETED)
+
+
+def _knowledge(run: Sequence[Event]) -> dict[str, Any]:
+    """What the run knew before its first save: the checkpoint's size (the hellos), the storage's
+    speed (the first probe that measured one), the capacity's kind (the deadline's source)."""
+    known: dict[str, Any] = {}
+    sizes = [float(e["checkpoint_bytes"]) for e in run if e["event"] == ev.TRAINER_ATTACHED
+             and isinstance(e.get("checkpoint_bytes"), (int, float)) and e["checkpoint_bytes"] > 0]
+    if sizes:
+        known["checkpoint_bytes"] = sum(sizes)
+    speeds = [float(e["bandwidth_mb_s"]) * 1e6 for e in run if e["event"] == ev.STORAGE_PROBED
+              and isinstance(e.get("bandwidth_mb_s"), (int, float)) and e["bandwidth_mb_s"] > 0]
+    if speeds:
+        known["probe_bps"] = min(speeds)
+    kinds = [e.get("capacity") for e in run if e["event"] in (ev.DEADLINE_RESOLVED, ev.DEADLINE_CHANGED)]
+    for kind in ("spot", "reserved", "on-demand"):
+        if kind in kinds:
+            known["capacity"] = kind
+            break
+    return known
 
 
 def _deadline_of(event: Event) -> str:
@@ -185,16 +209,14 @@ def _run_settings(run: Sequence[Event]) -> dict[str, Any]:
     return dict(settings) if isinstance(settings, dict) else {}
 
 
-def _controller_config(settings: Mapping[str, Any], options: str) -> Any:
+def _controller_config(settings: Mapping[str, Any], options: str) -> ControllerConfig:
     """The run's settings (defaults where the log has none), with `options` on top."""
-    from esiwrap import cli
-
     try:
         words = shlex.split(options)
     except ValueError as exc:
         msg = f"--what-if {options!r}: {exc}; quote like a shell, e.g. --what-if '--redundant-time 60'"
         raise WhatIfError(msg) from None
-    parser = cli.build_run_parser()
+    parser = build_run_parser()
 
     def refuse(message: str) -> NoReturn:
         msg = f"--what-if {options!r}: {message}; e.g. --what-if '--redundant-time 60'"
@@ -205,16 +227,16 @@ def _controller_config(settings: Mapping[str, Any], options: str) -> Any:
     if ns.command:
         msg = f"--what-if {options!r}: only esiwrap's run options, no command"
         raise WhatIfError(msg)
-    given = {opt.dest for opt in cli.RUN_OPTIONS if getattr(ns, opt.dest, None) is not None}
+    given = {opt.dest for opt in RUN_OPTIONS if getattr(ns, opt.dest, None) is not None}
     try:
-        values = cli.resolve_options(ns, cli.RUN_OPTIONS, {})
+        values = resolve_options(ns, RUN_OPTIONS, {})
     except UsageError as exc:
         msg = f"--what-if {options!r}: {exc}"
         raise WhatIfError(msg) from None
-    for opt in cli.RUN_OPTIONS:
+    for opt in RUN_OPTIONS:
         if opt.dest not in given and opt.flag in settings:
             values[opt.dest] = settings[opt.flag]
-    return cli.supervisor_config([], values).controller_config()
+    return controller_config(values)
 
 
 def _first(run: Sequence[Event], *names: str) -> Event:

@@ -8,9 +8,11 @@ for a real model; `--redundant-time 10`: a 40 s deadline leaves no room for the 
 `--local-checkpoints-survive`: the demo resumes on this machine, whose disk outlives the run. On
 capacity that is reclaimed, write checkpoints to storage that outlives it or add `--upload`.)
 
-The five lines marked `# esiwrap` are all a plain PyTorch loop needs. Checkpoints hold the model,
-the optimizer and the step, and are written atomically (temporary file, fsync, rename), so a
-checkpoint on disk is always complete.
+The five lines marked `# esiwrap` are all a plain PyTorch loop needs (`install()`'s checkpoint size
+and directory are optional: with them esiwrap plans the first save from the checkpoint's size and
+the storage's measured speed instead of a guess). Checkpoints hold the model, the optimizer and
+the step, and are written atomically (temporary file, fsync, rename), so a checkpoint on disk is
+always complete.
 """
 
 from __future__ import annotations
@@ -43,12 +45,12 @@ def synthetic_batch(step: int, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def save_checkpoint(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, step: int,
-                    loss: float, extra_seconds: float) -> None:
+                    loss: float, extra_seconds: float, frozen: torch.Tensor | None = None) -> None:
     """Write to a temporary file, fsync it, then rename over the old checkpoint."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step,
-             "loss": loss}
+             "loss": loss, "frozen": frozen}
     with open(tmp, "wb") as handle:
         torch.save(state, handle)
         if extra_seconds:
@@ -80,6 +82,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="wall time per step (real compute, padded with sleep)")
     parser.add_argument("--save-seconds", type=float, default=0.0,
                         help="extra time each checkpoint write takes")
+    parser.add_argument("--frozen-mb", type=float, default=0.0,
+                        help="a frozen table of this many MB in every checkpoint (a bigger model's bytes)")
     parser.add_argument("--width", type=int, default=64)
     parser.add_argument("--batch", type=int, default=32)
     return parser.parse_args(argv)
@@ -90,10 +94,12 @@ def main(argv: list[str]) -> int:
     torch.set_num_threads(1)
     model = build_model(args.width)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    frozen = torch.rand(int(args.frozen_mb * 1e6) // 4) if args.frozen_mb else None
     checkpoint = args.ckpt_dir / LATEST
     start = load_checkpoint(checkpoint, model, optimizer)
     print(f"tiny_trainer: starting at step {start}", flush=True)
-    esi.install()  # esiwrap
+    # esiwrap; the size and the directory are optional: esiwrap plans the first save from them
+    esi.install(checkpoint_bytes=esi.checkpoint_bytes(model, optimizer, frozen), checkpoint_dir=args.ckpt_dir)
     loss_value = float("nan")
     for step in range(start + 1, args.steps + 1):
         began = time.monotonic()
@@ -107,7 +113,7 @@ def main(argv: list[str]) -> int:
         esi.step_done(step)  # esiwrap
         if esi.save_requested():  # esiwrap
             with esi.saving(step, checkpoint):  # esiwrap
-                save_checkpoint(checkpoint, model, optimizer, step, loss_value, args.save_seconds)
+                save_checkpoint(checkpoint, model, optimizer, step, loss_value, args.save_seconds, frozen)
                 # inside the block: leaving it acknowledges, and esiwrap may stop us right after
                 print(f"tiny_trainer: saved step {step} to {checkpoint}", flush=True)
     print(f"tiny_trainer: finished at step {args.steps}, loss {loss_value:.4f}", flush=True)

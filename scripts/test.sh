@@ -10,14 +10,22 @@ python3 -m venv .venv
 # systemd-analyze checks the shipped unit (tests/test_systemd_unit.py); tests/test_systemd_real.py
 # runs the installed systemd as PID 1 of a private namespace (unshare, nsenter, setpriv, mount from
 # util-linux); PID 1 of this machine need not be systemd. Chromium renders `esiwrap report --html`
-# in tests/test_timeline.py (headless, no network).
+# in tests/test_timeline.py (headless, no network). tests/test_slurm_real.py starts a real Slurm
+# (munged, slurmctld, slurmd from Debian, as plain processes; no systemd, no cgroups).
 missing=()
 command -v systemd-analyze >/dev/null || missing+=(systemd)
 { command -v nsenter && command -v setpriv; } >/dev/null || missing+=(util-linux)
 command -v mount >/dev/null || missing+=(mount)
 command -v chromium >/dev/null || missing+=(chromium fonts-dejavu-core)  # the font the picture names first
+# tests/slowfs.py mounts a FUSE filesystem paced like network storage (fusepy needs libfuse2)
+ldconfig -p | grep -q 'libfuse\.so\.2 ' || missing+=(libfuse2)
+command -v slurmctld >/dev/null || missing+=(slurmctld)
+command -v slurmd >/dev/null || missing+=(slurmd)
+{ command -v sbatch && command -v squeue && command -v scontrol; } >/dev/null || missing+=(slurm-client)
+command -v munged >/dev/null || missing+=(munge)
 if [ ${#missing[@]} -gt 0 ]; then
-    apt-get update -qq && apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+        "${missing[@]}" >/dev/null
 fi
 .venv/bin/ruff check esiwrap tests examples benchmarks
 .venv/bin/mypy

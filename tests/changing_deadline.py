@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from esiwrap import log
+from esiwrap.controller import ControllerConfig
 from esiwrap.deadline import Deadline
 from esiwrap.errors import SourceUnavailable
 from esiwrap.policy import PolicyConfig
@@ -43,7 +44,8 @@ def main(argv: list[str]) -> int:
     run_id = log.new_run_id()
     log.configure(run_id, log_file=log_file)
     policy = PolicyConfig(redundant_s=4.0, save_duration_s=1.0, final_margin_s=2.0)
-    config = SupervisorConfig(argv=command, policy=policy, stop_grace_s=10.0, run_id=run_id)
+    config = SupervisorConfig(argv=command, controller=ControllerConfig(policy=policy, stop_grace_s=10.0),
+                              run_id=run_id)
     return Supervisor(config, [FileSource(Path(deadline_file))]).run()
 
 

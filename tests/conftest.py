@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -28,6 +29,16 @@ freezegun.configure(extend_ignore_list=[
     "torch", "lightning", "pytorch_lightning", "lightning_utilities", "transformers", "accelerate",
     "ray", "verl", "numpy", "safetensors", "tokenizers", "huggingface_hub",
 ])
+
+# esiwrap keeps what its caller ignored (README: signals). A suite started as a background job of
+# a shell without job control inherits SIGINT and SIGQUIT ignored, and every esiwrap it starts
+# would too: tests that need them (a second SIGINT, a Ray driver stopped with SIGINT) start from
+# the defaults a terminal gives. Tests of the ignored case set it up themselves (nohup, sh -c '&').
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+for _signum in (signal.SIGQUIT, signal.SIGHUP):
+    if signal.getsignal(_signum) == signal.SIG_IGN:
+        signal.signal(_signum, signal.SIG_DFL)
 
 pytest_plugins = ["fakes.fixtures"]  # fake_metadata, fake_api, cloud_env, ... (tests/fakes/)
 

@@ -1,4 +1,4 @@
-"""Drive `esiwrap.controller.Controller` by hand in tests: a fake clock, events in, actions kept."""
+"""Drive `esiwrap.controller.Controller` by hand in tests: a fake clock, inputs in, actions kept."""
 
 from __future__ import annotations
 
@@ -28,8 +28,8 @@ class Driver:
     def now(self) -> Now:
         return Now(self.wall, self.mono)
 
-    def feed(self, event: core.Event) -> list[core.Action]:
-        out = self.controller.handle(event, self.now)
+    def feed(self, input_: core.Input) -> list[core.Action]:
+        out = self.controller.handle(input_, self.now)
         self.actions += out
         return out
 

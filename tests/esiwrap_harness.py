@@ -195,6 +195,20 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
+def esiwrap_below(run: EsiwrapRun, timeout: float = 30.0) -> int:
+    """esiwrap's own pid when a launcher stays in front of it (`unshare --fork`, a shell)."""
+    found: list[int] = []
+
+    def started() -> bool:
+        with contextlib.suppress(psutil.Error):
+            found[:] = [p.pid for p in psutil.Process(run.pid).children(recursive=True)
+                        if "esiwrap" in " ".join(p.cmdline())]
+        return bool(found)
+
+    assert wait_until(started, timeout), "esiwrap did not start below its launcher"
+    return found[0]
+
+
 def wait_until(predicate: Callable[[], bool], timeout: float, interval: float = 0.05) -> bool:
     """Bounded wait on an observable condition (process state), not a sleep used as sync."""
     deadline = time.monotonic() + timeout

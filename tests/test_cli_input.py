@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 from esiwrap_harness import PYTHON
 
-from esiwrap.cli import ALL_RUN_OPTIONS, BOOLEAN_FLAGS, split_run_argv
+from esiwrap.cli import split_run_argv
 from esiwrap.errors import EXIT_NOT_FOUND, EXIT_USAGE
+from esiwrap.options import ALL_RUN_OPTIONS, BOOLEAN_FLAGS
 
 PRINT_ARGV = "import os, sys; print(os.environ.get('FOO'), sys.argv[1:])"
 

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from esiwrap._console import resume_gc
+from esiwrap.cli import resume_gc
 
 SCRIPT = Path(sys.executable).parent / "esiwrap"
 

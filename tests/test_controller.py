@@ -1,7 +1,8 @@
-"""The decision core, driven by events with a fake clock: what it asks the shell to do, and when."""
+"""The decision core, driven by inputs with a fake clock: what it asks the shell to do, and when."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import replace
 
 import pytest
@@ -113,9 +114,9 @@ def test_renewal_after_a_save_plans_a_new_insurance_save() -> None:
     d.advance(120.0)
     assert d.controller.request is not None
     d.save(3, 5.0)
-    assert d.controller.saves_done == 1
+    assert d.controller.deadline_saves_done == 1
     d.deadline(7500.0, source="volcengine", raw="renewed")
-    assert d.controller.saves_done == 0
+    assert d.controller.deadline_saves_done == 0
     assert d.controller.plan is not None and d.controller.plan.kind == "insurance"
     assert logs(d.actions, "deadline_changed")[-1]["raw"] == "renewed"
 
@@ -133,7 +134,7 @@ def test_small_later_move_keeps_the_final_plan() -> None:
     old = d.controller.deadline
     assert old is not None
     d.deadline(old.at + 30.0 - d.wall, source="volcengine")  # 30 s later: 175 s left
-    assert d.controller.saves_done == 1
+    assert d.controller.deadline_saves_done == 1
     assert d.controller.plan is not None and d.controller.plan.kind == "final"
     assert d.controller.plan.signal_at > before
 
@@ -225,15 +226,19 @@ def test_a_save_being_written_is_waited_for_only_up_to_the_deadline() -> None:
 
 
 def test_the_shells_wake_up_sockets_never_block() -> None:
-    """The watcher threads wake the loop with a byte on a socket: a full buffer must drop the
-    byte (the loop is awake anyway), never block the thread that asks a cloud API."""
+    """The watcher threads wake the loop with a byte on a socket, signals with a byte in a pipe: a
+    full buffer must drop the byte (the loop is awake anyway), never block the thread that asks a
+    cloud API or the signal handler."""
+    from esiwrap import early
     from esiwrap.supervisor import Supervisor, SupervisorConfig
 
     sup = Supervisor(SupervisorConfig(argv=["true"]), [], environ={})
+    caught = early.catch()
     try:
-        assert not sup._wake_w.getblocking() and not sup._signal_w.getblocking()
+        assert not sup._wake_w.getblocking() and not os.get_blocking(caught.write_fd)
     finally:
         sup._close()
+        early.release()
 
 
 def test_linger_trains_on_until_the_stop_must_begin_and_follows_a_renewal() -> None:
@@ -272,7 +277,7 @@ def test_reports_from_a_process_that_never_said_hello_are_ignored() -> None:
     d.steps(1, 3, 1.0)
     d.feed(core.SaveEnd(9999, 3, duration_s=0.1, path="/elsewhere"))
     d.feed(core.Step(9999, 50, 1.0))
-    assert d.controller.last_saved_step is None and d.controller.obs.last_step == 3
+    assert d.controller.last_checkpoint is None and d.controller.obs.last_step == 3
     d.feed(core.SignalReceived("SIGTERM"))
     assert d.controller.mode is Mode.DRAINING  # a save is asked for, nothing was taken as saved
 
@@ -326,3 +331,63 @@ def test_the_decision_core_does_no_io(module: str) -> None:
             imported.add(node.module.split(".")[0])
     assert imported.isdisjoint({"os", "signal", "socket", "selectors", "psutil", "time", "subprocess"})
     assert "time.time(" not in source and "monotonic(" not in source
+
+
+def test_the_state_is_kept_after_every_completed_save_and_once_at_the_end() -> None:
+    """The controller says when the job's state file is written: right after each completed save
+    (asked for, or the trainer's own), with what was measured so far; and when the shell leaves,
+    once more if anything was measured at all."""
+    d = Driver(ControllerConfig(policy=QUICK))
+    assert d.controller.finish(d.now) == []  # nothing measured: the file is left as it is
+    d.hello()
+    d.steps(1, 3, 1.0)
+    own = d.save(3, 0.5)  # the trainer's own checkpoint
+    kept = [a for a in own if isinstance(a, core.KeepState)]
+    assert len(kept) == 1 and kept[0].saves == (0.5,) and kept[0].steps == (1.0, 1.0, 1.0)
+    assert [type(a) for a in own].index(core.KeepState) > [type(a) for a in own].index(core.Log)
+    d.deadline(30.0)
+    d.steps(4, 25, 1.0)
+    requested = d.save(28, 0.75)
+    assert [a.saves for a in requested if isinstance(a, core.KeepState)] == [(0.5, 0.75)]
+    assert [a.blocking for a in requested if isinstance(a, core.KeepState)] == [(0.75,)]
+    final = d.controller.finish(d.now)
+    assert len(final) == 1 and isinstance(final[0], core.KeepState) and final[0].saves == (0.5, 0.75)
+
+
+def test_while_stopping_every_wake_up_asks_for_the_tree_to_be_checked() -> None:
+    """Running, no tree check; from the stop on, each tick asks for one; after the exit nothing."""
+    d = Driver()
+    assert not any(isinstance(a, core.CheckTree) for a in d.controller.tick(d.now))
+    d.feed(core.SignalReceived("SIGTERM"))  # nothing attached: the stop begins at once
+    assert any(isinstance(a, core.CheckTree) for a in d.controller.tick(d.now))
+    d.feed(core.ChildExited(CHILD, 0))
+    d.feed(core.TreeChecked(0))
+    assert exits(d.actions) and d.controller.tick(d.now) == []
+
+
+def test_an_unknown_input_is_refused_at_once() -> None:
+    """Anything but an `Input` is the caller's bug: TypeError, nothing done."""
+    d = Driver()
+    with pytest.raises(TypeError, match="not an input"):
+        d.controller.handle(("hello", 4242), d.now)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="not an input"):
+        d.controller.handle(core.KillTree(), d.now)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("order", ["install-first", "ray-init-first"])
+def test_a_second_hello_of_one_process_adds_to_the_first(order: str) -> None:
+    """A Ray driver says hello twice: `esiwrap.trainer.install()` (saves) and the start-up hook's
+    `ray.init` (stop me with SIGINT, saves nothing itself), in either order. The later hello
+    undoes nothing the earlier asked for: after a SIGTERM's save it is stopped with SIGINT."""
+    d = Driver()
+    trainer = {"saves": True}
+    ray_hook = {"saves": False, "stop_signal": "SIGINT"}
+    for fields in ((trainer, ray_hook) if order == "install-first" else (ray_hook, trainer)):
+        d.hello(**fields)
+    attached = d.controller.trainers[CHILD]
+    assert (attached.saves, attached.signal, attached.stop_signal) == (True, True, "SIGINT")
+    d.steps(1, 3, 1.0)
+    d.feed(core.SignalReceived("SIGTERM"))
+    assert [s.pids for s in signals(d.actions)] == [(CHILD,)]
+    d.save(3, 0.1)
+    assert [a.signal for a in d.actions if isinstance(a, core.StopChild)] == ["SIGINT"]

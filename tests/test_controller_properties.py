@@ -1,6 +1,6 @@
-"""Property tests of the decision core: random event sequences, invariants after every event.
+"""Property tests of the decision core: random input sequences, invariants after every input.
 
-The machine plays the supervisor's loop: events arrive in any order, time passes with a wake-up
+The machine plays the supervisor's loop: inputs arrive in any order, time passes with a wake-up
 at every timer the controller asks for, and every action is checked.
 """
 
@@ -57,9 +57,9 @@ class ControllerMachine(RuleBasedStateMachine):
         self.drain_since: float | None = None
         self.checked = 0
 
-    # ------------------------------------------------------------------ events
-    def _feed(self, event: core.Event) -> None:
-        self._check(self.d.feed(event))
+    # ------------------------------------------------------------------ inputs
+    def _feed(self, input_: core.Input) -> None:
+        self._check(self.d.feed(input_))
 
     @precondition(lambda self: not self.exits)
     @rule(pid=PIDS, descendant=st.booleans(), wants_signal=st.booleans(), saves=st.booleans())

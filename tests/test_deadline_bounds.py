@@ -16,9 +16,11 @@ from esiwrap_harness import PYTHON, SIGNAL_ECHO
 from fakes.fixtures import SCHEDULED_ID
 from fakes.metadata import FakeMetadata
 from fakes.volcengine_api import FakeVolcengineApi
+from snapshots import snapshot
 
-from esiwrap.deadline import MLP_VAR, SAGEMAKER_VAR, Deadline, TimeParseError, ask, env_sources, iso_utc
+from esiwrap.deadline import Deadline, TimeParseError, ask, iso_utc
 from esiwrap.deadline.bounds import EARLIEST, HORIZON_S, implausible
+from esiwrap.deadline.local import MLP_VAR, SAGEMAKER_VAR, env_sources
 from esiwrap.deadline.metadata import AWS, VOLCENGINE, MetadataClient
 from esiwrap.deadline.parse import parse_when
 from esiwrap.deadline.spot import (
@@ -31,7 +33,7 @@ from esiwrap.deadline.spot import (
 )
 from esiwrap.deadline.value import iso_epoch
 from esiwrap.errors import EXIT_NO_DEADLINE, EXIT_USAGE, SourceUnavailable
-from esiwrap.systemd.status import StatusFacts, human_duration, status_parts
+from esiwrap.systemd.status import human_duration, status_parts
 
 NOW = 1_790_000_000.0
 FAR_FUTURE_RFC3339 = "9999-12-31T23:59:59-12:00"  # parses; its UTC year is 10000
@@ -65,8 +67,8 @@ def test_one_iso_form_at_two_precisions_and_read_back() -> None:
 
 def test_status_line_formatters_never_raise() -> None:
     """The systemd status line copes with any number: no date, no duration, no exception."""
-    facts = StatusFacts(now=NOW, phase="running", deadline_at=1e300, source="x", plan_kind="insurance",
-                        signal_at=math.nan, step_estimate_s=math.inf, last_step=1)
+    facts = snapshot(NOW, "running", deadline_at=1e300, deadline_source="x", next_save_kind="insurance",
+                     next_save_at=math.nan, step_estimate_s=math.inf, last_step=1)
     stable, volatile = status_parts(facts)
     assert "epoch 1e+300" in stable and "? left" in volatile
     assert human_duration(math.nan) == "?" and human_duration(-math.inf) == "?"
@@ -245,3 +247,16 @@ def test_aws_notice_from_1970_still_counts(fake_aws_metadata: FakeMetadata) -> N
     answer = ask(aws_spot(MetadataClient(fake_aws_metadata.url, AWS), 300.0), now)
     assert answer.deadline is not None and answer.deadline.at == now + AWS_NOTICE_S
     assert "before 2000-01-01" in answer.deadline.detail["time_error"]
+
+
+def test_a_nodes_answer_is_held_to_the_same_range_as_every_source() -> None:
+    """What arrives from another node passes the plausibility of `bounds` at arrival, nothing
+    looser or stricter: 2000-01-01 on, at most ten years ahead."""
+    from esiwrap.deadline import remote
+
+    def arrived(at: float) -> bool:
+        fields = {"source": "node:1a2b3c4d/env:MLP", "at": at, "raw": str(at), "lead_s": 0.0, "detail": {}}
+        return remote.from_fields(fields, NOW) is not None
+
+    assert arrived(EARLIEST) and arrived(NOW + HORIZON_S)
+    assert not arrived(EARLIEST - 1) and not arrived(NOW + HORIZON_S + 1) and not arrived(math.inf)

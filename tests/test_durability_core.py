@@ -149,7 +149,7 @@ def test_the_plan_makes_room_for_the_upload() -> None:
                                                          (0, "resume_missed", 40), (25, "resume_missed", 15)])
 def test_the_first_step_says_where_training_started(start: int, event: str, redone: int) -> None:
     """Against the checkpoint the state file names: resumed from it (or later), or missed."""
-    c = Controller(ControllerConfig(), resume_from=Checkpoint(40, "/ckpt/latest.pt", 1.8e9))
+    c = Controller(ControllerConfig(), resume_from=Checkpoint(40, 1.8e9, "/ckpt/latest.pt"))
     c.handle(core.ChildStarted(CHILD), core.Now(1.8e9, 0))
     c.handle(core.Hello(CHILD), core.Now(1.8e9, 0))
     out = c.handle(core.Step(CHILD, start + 1, 1.0), core.Now(1.8e9 + 1, 1))
@@ -160,7 +160,7 @@ def test_the_first_step_says_where_training_started(start: int, event: str, redo
 
 
 def test_verl_start_message_names_resume_mode_in_the_causes() -> None:
-    c = Controller(ControllerConfig(), resume_from=Checkpoint(8, "/ckpt/global_step_8", 1.8e9))
+    c = Controller(ControllerConfig(), resume_from=Checkpoint(8, 1.8e9, "/ckpt/global_step_8"))
     c.handle(core.Hello(CHILD), core.Now(1.8e9, 0))
     out = c.handle(core.TrainingStart(CHILD, 0, {"integration": "verl", "resume_mode": "disable",
                                                   "default_local_dir": "/ckpt"}), core.Now(1.8e9, 0))
@@ -171,9 +171,9 @@ def test_verl_start_message_names_resume_mode_in_the_causes() -> None:
 
 def test_state_file_keeps_uploads_and_the_durable_checkpoint() -> None:
     after = state.JobState().after_run([1.0], [2.0], [], 1.8e9, ["python"], uploads=[30.0],
-                                       checkpoint=Checkpoint(7, "/c", 1.8e9 - 5), uploaded=True)
+                                       checkpoint=Checkpoint(7, 1.8e9 - 5, "/c"), uploaded=True)
     back = state.parse(state.render(after), 1.8e9 + 10)
-    assert back.uploads == (30.0,) and back.checkpoint == Checkpoint(7, "/c", 1.8e9 - 5)
+    assert back.uploads == (30.0,) and back.checkpoint == Checkpoint(7, 1.8e9 - 5, "/c")
     assert back.checkpoint_durable == "upload" and back.prior().uploads == (30.0,)
     old = state.parse('{"format":"esiwrap-state/1","updated_at":1800000000,"steps":[],"saves":[]}', 1.8e9)
     assert old.checkpoint is None and old.uploads == ()

@@ -57,7 +57,11 @@ def test_hf_trainer_checkpoints_at_the_deadline_and_resumes(esiwrap, tmp_path: P
     assert (checkpoint / "trainer_state.json").is_file()
     assert [p.name for p in out.iterdir()] == [checkpoint.name]  # one save, not one more on SIGTERM
     assert any("enable_jit_checkpoint is off while esiwrap supervises" in line for line in run.other_lines)
-    assert run.first("trainer_attached")["integration"] == "transformers"
+    attached = run.first("trainer_attached")
+    assert attached["integration"] == "transformers"
+    # what a checkpoint holds (the model and its optimizer), and where it goes: probed
+    assert attached["checkpoint_bytes"] > 0 and attached["checkpoint_dir"] == str(out)
+    assert run.first("storage_probed")["bandwidth_mb_s"] > 0
     # the stop: SIGTERM arrives during the next step (0.3 s), should_training_stop at a step end
     stopped = re.search(r"trained steps 1\.\.(\d+) by esiwrap", run.stdout.decode())
     assert stopped is not None and step < int(stopped.group(1)) <= step + 3, run.stdout.decode()
@@ -82,6 +86,8 @@ def test_lightning_checkpoints_at_the_deadline_and_resumes(esiwrap, tmp_path: Pa
     assert saved["path"] == str(checkpoint)
     assert torch.load(checkpoint, weights_only=False)["global_step"] == step
     assert list(ckpt_dir.iterdir()) == [checkpoint]  # no partial file left
+    attached = run.first("trainer_attached")
+    assert attached["checkpoint_bytes"] > 0 and attached["checkpoint_dir"] == str(ckpt_dir)
 
     resumed = run_alone(script, "--ckpt-dir", str(ckpt_dir), "--max-steps", str(step + 2),
                         "--step-seconds", "0")

@@ -16,12 +16,13 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from esiwrap.channel import MAX_DATAGRAM, MAX_PID, MESSAGE_TYPES, Message, decode
-from esiwrap.cli import RUN_OPTIONS, SOURCE_OPTIONS, build_run_parser, resolve_options, split_run_argv
+from esiwrap.cli import split_run_argv
 from esiwrap.deadline import TimeParseError, iso_utc, parse_duration, parse_epoch, parse_iso, parse_when
 from esiwrap.deadline.bounds import implausible
 from esiwrap.deadline.parse import MAX_DURATION_S
 from esiwrap.deadline.value import iso_epoch
 from esiwrap.errors import UsageError
+from esiwrap.options import RUN_OPTIONS, SOURCE_OPTIONS, build_run_parser, resolve_options
 from esiwrap.report import event_of, read_events, render_text, report, to_json
 
 # FUZZ_EXAMPLES=4000 for a deeper run by hand; the default keeps each test to a few seconds.

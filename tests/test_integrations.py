@@ -13,10 +13,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from esiwrap_harness import EsiwrapRun
 
 from esiwrap.channel import ChannelServer
-from esiwrap.integrations import OUR_RAY_ENV_HOOK, bootstrap_dir
+from esiwrap.integrations import OUR_RAY_ENV_HOOK
 from esiwrap.integrations.importhook import when_imported
+from esiwrap.paths import bootstrap_dir
 from esiwrap.supervisor import SupervisorConfig, child_environment
 
 HEAVY = ("verl", "ray", "torch", "psutil", "structlog", "esiwrap.channel", "esiwrap.integrations.ray_relay")
@@ -84,9 +86,9 @@ def test_bootstrap_chains_an_existing_sitecustomize(tmp_path: Path) -> None:
     assert active.stdout.strip() == "1"
 
 
-def test_bootstrap_without_esiwrap_importable_says_so_and_runs_on(tmp_path: Path) -> None:
-    """A Python under esiwrap that cannot import esiwrap (another environment) still runs the
-    program, with one line on stderr naming the fix; ESIWRAP_HOOK=0 silences it."""
+def test_bootstrap_with_a_broken_esiwrap_says_so_and_runs_on(tmp_path: Path) -> None:
+    """A Python under esiwrap whose esiwrap fails to import (a broken install, not a missing one)
+    still runs the program, with one line on stderr naming the fix; ESIWRAP_HOOK=0 silences it."""
     (tmp_path / "esiwrap").mkdir()
     (tmp_path / "esiwrap" / "__init__.py").write_text("raise ImportError('not in this environment')\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith("ESIWRAP_")}
@@ -98,6 +100,54 @@ def test_bootstrap_without_esiwrap_importable_says_so_and_runs_on(tmp_path: Path
     quiet = subprocess.run([sys.executable, "-c", "print('ran')"], env={**env, "ESIWRAP_HOOK": "0"},
                            capture_output=True, text=True, timeout=60, check=True)
     assert (quiet.stdout, quiet.stderr) == ("ran\n", "")
+
+
+@pytest.fixture(scope="module")
+def python_without_esiwrap(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The interpreter of a fresh venv with nothing installed: another environment's Python."""
+    venv = tmp_path_factory.mktemp("bare-venv")
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    python = str(venv / "bin" / "python")
+    absent = subprocess.run([python, "-c", "import esiwrap"], capture_output=True, timeout=60, check=False,
+                            cwd=venv, env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    assert absent.returncode != 0
+    return python
+
+
+def test_a_python_without_esiwrap_stays_silent_unless_it_trains(python_without_esiwrap: str,
+                                                                 tmp_path: Path) -> None:
+    """Under esiwrap, a Python with no esiwrap installed (a helper, `python3 -m json.tool`) prints
+    nothing; one that imports verl's trainer modules gets the missing-hook line, once."""
+    trainer = tmp_path / "verl" / "trainer" / "ppo"
+    trainer.mkdir(parents=True)
+    for package in (tmp_path / "verl", tmp_path / "verl" / "trainer", trainer):
+        (package / "__init__.py").write_text("")
+    (trainer / "ray_trainer.py").write_text("")
+    (trainer / "core_algos.py").write_text("")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ESIWRAP_")}
+    env.update(PYTHONPATH=os.pathsep.join((bootstrap_dir(), str(tmp_path))), ESIWRAP_SOCKET="/nonexistent")
+
+    def run(code: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([python_without_esiwrap, "-c", code], env=env, capture_output=True,
+                              text=True, timeout=60, check=True, cwd=tmp_path)
+
+    helper = run("import json, verl.trainer.ppo.core_algos; print('ran')")
+    assert (helper.stdout, helper.stderr) == ("ran\n", "")
+    training = run("import verl.trainer.ppo.ray_trainer; import verl.trainer.ppo.ray_trainer; print('ran')")
+    assert training.stdout == "ran\n"
+    assert training.stderr.count("\n") == 1 and "integration hook not loaded" in training.stderr
+    assert "ModuleNotFoundError" in training.stderr and "ESIWRAP_HOOK=0" in training.stderr
+
+
+def test_an_unrelated_python_under_esiwrap_prints_nothing(python_without_esiwrap: str) -> None:
+    """`esiwrap -- /other/python -c pass`: esiwrap's output has no line from the start-up hook."""
+    run = EsiwrapRun(["--sources", "cli", "--", python_without_esiwrap, "-c", "pass"],
+                     cwd=Path(python_without_esiwrap).parent)
+    try:
+        assert run.finish(60) == 0
+        assert run.other_lines == [], run.other_lines
+    finally:
+        run.kill()
 
 
 def test_bootstrap_start_up_cost_is_small() -> None:

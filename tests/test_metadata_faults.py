@@ -15,7 +15,7 @@ from fakes.volcengine_api import FakeVolcengineApi
 from esiwrap.deadline import ask, parse_iso
 from esiwrap.deadline.metadata import VOLCENGINE, MetadataClient, Timeouts
 from esiwrap.deadline.spot import VOLCENGINE_SPOT_PATH, volcengine_spot
-from esiwrap.deadline.volcengine import VolcengineSettings, VolcengineSource
+from esiwrap.deadline.volcengine_api import VolcengineSettings, VolcengineSource
 
 pytestmark = pytest.mark.usefixtures("volcengine_credentials")
 ITEMS = {"/latest/instance_id": INSTANCE_ID, "/latest/region_id": REGION}

@@ -48,12 +48,12 @@ def test_answers_travel_as_plain_fields_and_only_a_nodes_are_taken() -> None:
         Answer("node:1a2b3c4d/env:MLP", reason="the node left the cluster", withdrawn=True),
     ]
     for answer in answers:
-        assert remote.from_fields(json.loads(json.dumps(remote.to_fields(answer)))) == answer
+        assert remote.from_fields(json.loads(json.dumps(remote.to_fields(answer))), time.time()) == answer
     assert remote.node_source(NODE, "env:MLP") == "node:1a2b3c4d/env:MLP"
     good = remote.to_fields(answers[0])
     for bad in ({"source": "cli"}, {"source": "env:MLP"}, {"at": math.nan}, {"at": 5.0}, {"at": True},
                 {"at": "1900000000"}, {"source": 7}):
-        assert remote.from_fields({**good, **bad}) is None, bad
+        assert remote.from_fields({**good, **bad}, time.time()) is None, bad
 
 
 def test_a_node_rules_while_it_is_there_and_is_dropped_when_it_leaves(esiwrap) -> None:

@@ -6,7 +6,9 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import socket
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -81,3 +83,25 @@ def test_metrics_and_status_follow_a_supervised_run(esiwrap, tmp_path: Path) -> 
     assert not metrics_file.exists() and not status_file.exists()
     gone = status("--status-file", str(status_file))
     assert gone.returncode == 3 and "no esiwrap is running" in gone.stderr
+
+
+def test_idle_connections_cannot_shut_a_scraper_out(esiwrap) -> None:
+    """200 clients connect and send half a request each (no blank line), and hold on: a real
+    scrape right after still gets its answer, well before their 5 s are up (with the table full,
+    the oldest unfinished request is closed to make room; it used to be the scrape that was reset)."""
+    run = esiwrap("--deadline", "+2h", "--metrics-port", "0", "--", "sleep", "300")
+    url = run.wait_event("metrics_serving", timeout=30)["url"]
+    parts = urlsplit(url)
+    idle = []
+    try:
+        for _ in range(200):
+            sock = socket.create_connection((parts.hostname, parts.port), timeout=10)
+            sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
+            idle.append(sock)
+        started = time.monotonic()
+        text = scrape(url)
+        assert time.monotonic() - started < 3.0
+        assert "esiwrap_info" in text
+    finally:
+        for sock in idle:
+            sock.close()

@@ -10,9 +10,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import get_args
 
-from esiwrap import choices, envvars, events
-from esiwrap.cli import ALL_RUN_OPTIONS
+from esiwrap import channel, choices, envvars, events, messages
 from esiwrap.controller import Mode
+from esiwrap.options import ALL_RUN_OPTIONS
 from esiwrap.snapshot import PHASES
 
 PACKAGE = Path(envvars.__file__).resolve().parent
@@ -54,6 +54,18 @@ def test_the_start_up_hook_spells_the_same_names() -> None:
     assert used == {envvars.SOCKET_ENV, envvars.RELAY_ENV, envvars.HOOK_SWITCH_ENV}
 
 
+def test_the_start_up_hook_knows_the_same_verl_trainer_modules() -> None:
+    """sitecustomize.py names verl's trainer modules (to speak up only in a Python that imports one
+    without esiwrap): the same list as `esiwrap.integrations`."""
+    from esiwrap.integrations import VERL_TRAINER_MODULES
+
+    tree = ast.parse(SITECUSTOMIZE.read_text(encoding="utf-8"))
+    listed = next(node.value for node in ast.walk(tree) if isinstance(node, ast.Assign)
+                  and any(isinstance(t, ast.Name) and t.id == "_TRAINER_MODULES" for t in node.targets))
+    names = {n.value for n in ast.walk(listed) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+    assert names == set(VERL_TRAINER_MODULES)
+
+
 def test_options_read_from_the_environment_use_the_same_prefix_and_names() -> None:
     """`--log-file` and `--status-file` read the variables `envvars` names; every option's
     variable is ESIWRAP_<OPTION>."""
@@ -65,13 +77,14 @@ def test_options_read_from_the_environment_use_the_same_prefix_and_names() -> No
 
 def test_the_verl_hook_watches_the_modules_the_patcher_knows() -> None:
     """The post-import hook's list and the patcher's dispatch are one list: every watched module
-    is patched by one of verl's two loops, and nothing else."""
+    is patched by one of verl's two loops, and nothing else (sitecustomize.py, which cannot import
+    esiwrap, spells the same list: see the test above)."""
     from esiwrap.integrations import VERL_LEGACY_MODULES, VERL_TRAINER_MODULES, VERL_V1_MODULE
 
     assert set(VERL_TRAINER_MODULES) == {*VERL_LEGACY_MODULES, VERL_V1_MODULE}
     assert len(VERL_TRAINER_MODULES) == len(set(VERL_TRAINER_MODULES)) == 4
     spelled = [f"{path.relative_to(PACKAGE)}:{node.lineno}"
-                     for path, tree in package_sources()
+                     for path, tree in package_sources(SITECUSTOMIZE)
                      for node in ast.walk(tree)
                      if isinstance(node, ast.Constant) and node.value == VERL_V1_MODULE]
     assert len(spelled) == 1, spelled
@@ -137,3 +150,69 @@ def test_every_event_is_in_the_readmes_logs_table() -> None:
     table = readme.split("\n## Logs\n", 1)[1].split("\n## ", 1)[0]
     rows = set(re.findall(r"^\| `([a-z_]+)`", table, re.MULTILINE))
     assert rows == set(events.ALL)
+
+
+def message_constants_used(tree: ast.Module) -> set[str]:
+    """`messages.X` in one module (`from esiwrap import messages`)."""
+    return {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name) and node.value.id == "messages"}
+
+
+def test_every_message_sent_is_a_known_type_spelled_once() -> None:
+    """The trainer library and the integrations name what they send with `esiwrap.messages`: every
+    `send(...)` whose type is written out is a `messages` constant, never a string of its own."""
+    known = {name for name, value in vars(messages).items() if name.isupper() and value in messages.ALL}
+    sent: set[str] = set()
+    spelled = []
+    for path, tree in package_sources(PACKAGE / "messages.py"):
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and node.func.attr == "send" and node.args):
+                continue
+            first = node.args[0]
+            if isinstance(first, ast.Constant) and isinstance(first.value, str):
+                spelled.append(f"{path.relative_to(PACKAGE)}:{node.lineno}: {first.value!r}")
+            elif isinstance(first, ast.Attribute) and isinstance(first.value, ast.Name) \
+                    and first.value.id == "messages":
+                sent.add(first.attr)
+    assert spelled == []
+    assert sent and sent <= known
+    assert {messages.HELLO, messages.STEP, messages.SAVE_BEGIN, messages.SAVE_END} <= {
+        getattr(messages, name) for name in sent}
+
+
+def test_every_known_message_is_handled_and_the_channel_takes_no_other() -> None:
+    """The supervisor turns each type in `messages.ALL` into an input for the controller, and the
+    channel drops any other type."""
+    handled = message_constants_used(ast.parse((PACKAGE / "supervisor.py").read_text(encoding="utf-8")))
+    assert {getattr(messages, name) for name in handled} == messages.ALL
+    assert channel.MESSAGE_TYPES == messages.ALL
+    assert channel.decode(b'{"type": "hullo", "pid": 42}') is None
+
+
+def readme_module_map() -> list[str]:
+    """The files named in README.md's module map (its fenced tree), as paths under esiwrap/."""
+    readme = (PACKAGE.parent / "README.md").read_text(encoding="utf-8")
+    section = readme.split("\n### Module map\n", 1)[1]
+    tree = section.split("```\n", 2)[1]
+    named, folders = [], []
+    for line in tree.splitlines()[1:]:  # the first line is esiwrap/ itself
+        word = line.split()[0] if line.strip() else ""
+        if not word.endswith((".py", "/")):
+            continue  # a description's second line
+        depth = (len(line) - len(line.lstrip(" "))) // 2 - 1
+        folders = folders[:depth]
+        if word.endswith("/"):
+            folders.append(word.rstrip("/"))
+        else:
+            named.append("/".join([*folders, word]))
+    return named
+
+
+def test_the_readmes_module_map_matches_the_tree() -> None:
+    """README's "Development" section names every module file of the package once, and no module
+    that does not exist."""
+    named = readme_module_map()
+    actual = sorted(str(path.relative_to(PACKAGE)) for path in PACKAGE.rglob("*.py"))
+    assert len(named) == len(set(named))
+    assert sorted(named) == actual

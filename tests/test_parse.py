@@ -116,7 +116,7 @@ def test_cli_source_anchors_relative_deadline_at_launch() -> None:
     """`--deadline +2h` means two hours from launch, however late the source is asked."""
     import time
 
-    from esiwrap.deadline import CliSource
+    from esiwrap.deadline.local import CliSource
 
     launched = time.time()
     source = CliSource("+2h", anchor=launched)

@@ -14,12 +14,13 @@ from pathlib import Path
 
 import pytest
 from esiwrap_harness import PYTHON, TINY_TRAINER
+from snapshots import snapshot
 
 from esiwrap.errors import EXIT_CHECKPOINTED
 from esiwrap.log import capture_logs
 from esiwrap.systemd import notify
 from esiwrap.systemd.notify import STATUS_REFRESH_S, Notifier, watchdog_interval_s
-from esiwrap.systemd.status import StatusFacts, human_duration, status_parts
+from esiwrap.systemd.status import human_duration, status_parts
 from esiwrap.systemd.unit import shipped_template
 
 
@@ -141,16 +142,15 @@ def test_outside_systemd_or_with_a_gone_socket_nothing_breaks(tmp_path: Path) ->
 
 def test_status_line_parts() -> None:
     """The stable half names deadline, source and the planned save; the volatile half counts down."""
-    facts = StatusFacts(now=1000.0, phase="running", deadline_at=4600.0, source="env:MLP",
-                        plan_kind="insurance", signal_at=4300.0, last_step=12, step_estimate_s=1.5,
-                        last_saved_step=10)
+    facts = snapshot(1000.0, "running", deadline_at=4600.0, deadline_source="env:MLP",
+                     next_save_kind="insurance", next_save_at=4300.0, last_step=12, step_estimate_s=1.5,
+                     last_checkpoint_step=10)
     assert status_parts(facts) == (
         "deadline 1970-01-01T01:16:40Z (env:MLP), insurance save at 1970-01-01T01:11:40Z, "
         "checkpoint at step 10",
         "60m left, save in 55m, step 12 (~1.5s/step)",
     )
-    saving = StatusFacts(now=1000.0, phase="running", request_kind="sigterm", saving_step=13,
-                         awaiting_ack=True)
+    saving = snapshot(1000.0, "draining", requested_save_kind="sigterm", saving_step=13)
     assert status_parts(saving) == (
         "no deadline known, stop requested, waiting for the checkpoint, "
         "writing sigterm checkpoint of step 13", "")

@@ -11,9 +11,8 @@ from collections.abc import Iterator
 import pytest
 from esiwrap_harness import CHILDREN, PYTHON, EsiwrapRun
 
+from esiwrap.early import HANDLED as CAUGHT_AT_START
 from esiwrap.signals import FORWARDED, HANDLED, NOT_FORWARDED, USED, signal_label
-from esiwrap.signals import FORWARDED as SUPERVISOR_FORWARDED
-from esiwrap.supervisor import HANDLED as SUPERVISOR_HANDLED
 
 RECORDER = CHILDREN / "signal_recorder.py"
 
@@ -29,9 +28,10 @@ def recorded() -> Iterator[EsiwrapRun]:
         run.kill()
 
 
-def test_the_supervisor_uses_the_one_list() -> None:
-    """supervisor.py takes FORWARDED and HANDLED from esiwrap.signals (one home)."""
-    assert SUPERVISOR_FORWARDED is FORWARDED and SUPERVISOR_HANDLED is HANDLED
+def test_the_signals_caught_at_start_are_the_one_list() -> None:
+    """early.py, which catches esiwrap's signals first thing, takes HANDLED from esiwrap.signals
+    (one home)."""
+    assert CAUGHT_AT_START is HANDLED
 
 
 def test_every_catchable_signal_is_either_forwarded_or_listed_as_kept() -> None:

@@ -10,9 +10,11 @@ import time
 import pytest
 from esiwrap_harness import PYTHON
 
-from esiwrap.deadline import MLP_VAR, SAGEMAKER_VAR, Answer, CliSource, Deadline, ask, env_sources, winner
-from esiwrap.deadline.registry import SourceSettings, build_sources
+from esiwrap.deadline import Answer, Deadline, ask, winner
+from esiwrap.deadline.local import MLP_VAR, SAGEMAKER_VAR, CliSource, env_sources
+from esiwrap.deadline.registry import build_sources
 from esiwrap.errors import EXIT_NO_DEADLINE, EXIT_OK
+from esiwrap.options import source_values
 
 NOW = 1_790_000_000.0
 
@@ -58,7 +60,7 @@ def test_earliest_answer_wins_and_cli_overrides() -> None:
 
 def test_deadline_flag_skips_discovery() -> None:
     """With --deadline, no other source is even asked."""
-    sources = build_sources(["cli", "env"], SourceSettings(deadline="+1h"), {MLP_VAR: "1"}, NOW)
+    sources = build_sources(["cli", "env"], source_values(deadline="+1h"), {MLP_VAR: "1"}, NOW)
     assert [s.name for s in sources] == ["cli"]
     assert isinstance(sources[0], CliSource)
 
@@ -139,7 +141,7 @@ def test_a_nodes_capacity_kind_survives_the_wire() -> None:
     from esiwrap.deadline import remote
 
     sent = Answer("node:abcd1234/aws-spot", reason="no notice", expected=True, capacity="spot")
-    assert remote.from_fields(remote.to_fields(sent)) == sent
+    assert remote.from_fields(remote.to_fields(sent), NOW) == sent
     fields = remote.to_fields(sent) | {"capacity": ["spot"]}
-    back = remote.from_fields(fields)
+    back = remote.from_fields(fields, NOW)
     assert back is not None and back.capacity is None

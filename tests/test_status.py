@@ -180,3 +180,18 @@ def test_summary_line_and_a_run_without_a_deadline() -> None:
     assert "deadline    none known" in text and "next save   none planned" in text
     assert "checkpoint  none yet (0 completed, 0 failed, 0 missed)" in text
     assert "at risk     unknown" in text and "estimates   step unknown, save unknown" in text
+
+
+def test_the_status_lines_fields_round_trip_and_an_older_file_still_reads() -> None:
+    """The fields the systemd status line reads travel in the status file; a file written before
+    they existed reads with them unknown (False, None), and a wrong type is named."""
+    s = replace(snapshot(), deadline_pending=True, requested_save_kind="sigterm", saving_step=7,
+                stop_reason="SIGTERM")
+    assert Snapshot.from_json(s.to_json()) == s
+    older = {k: v for k, v in json.loads(s.to_json()).items()
+             if k not in ("deadline_pending", "requested_save_kind", "saving_step", "stop_reason")}
+    read = Snapshot.from_json(json.dumps(older))
+    assert (read.deadline_pending, read.requested_save_kind, read.saving_step, read.stop_reason) == (
+        False, None, None, None)
+    with pytest.raises(ValueError, match="deadline_pending"):
+        Snapshot.from_json(json.dumps({**older, "deadline_pending": 1}))

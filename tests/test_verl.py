@@ -27,7 +27,7 @@ from esiwrap_harness import PYTHON, ROOT, EsiwrapRun, free_port, processes_with_
 from ray_cluster import RayNode, cluster_up, node_environment, ray_env
 
 from esiwrap.errors import EXIT_CHECKPOINTED
-from esiwrap.integrations import bootstrap_dir
+from esiwrap.paths import bootstrap_dir
 
 DRIVER = ROOT / "tests" / "verl_driver.py"
 RAY_TIMEOUT_S = 240.0  # importing verl in a fresh Ray worker is slow on a busy CI machine
@@ -176,15 +176,36 @@ def test_legacy_loop_on_a_local_cluster_saves_once_and_ignores_verls_own_expiry_
     assert_nothing_left(short_tmp)
 
 
+def tiny_model_dir(path: Path) -> Path:
+    """A Hugging Face model directory as verl reads it: config.json and bf16 safetensors."""
+    import torch
+    from safetensors.torch import save_file
+
+    path.mkdir()
+    (path / "config.json").write_text(json.dumps({"model_type": "llama", "dtype": "bfloat16"}))
+    weights = {"embed.weight": torch.zeros(1000, 64, dtype=torch.bfloat16),
+               "layer.weight": torch.zeros(64, 64, dtype=torch.bfloat16)}
+    save_file(weights, str(path / "model.safetensors"))
+    return path
+
+
 def test_v1_loop_on_a_local_cluster_saves_without_save_freq(esiwrap: Any, short_tmp: Path) -> None:
     """verl's default V1 `PPOTrainer.fit` (real code; only the step itself is a sleep), with
     verl's default save_freq=-1, which never saves. While it trains, esiwrap gets SIGTERM (a spot
     notice): the save requested from the driver runs through verl's `_save_checkpoint` at the end
-    of the running step, is acknowledged, and the run stops with 75."""
-    run = verl_run(esiwrap, short_tmp, "v1", ray_env(short_tmp), "--save-freq", "-1", redundant_s="60")
+    of the running step, is acknowledged, and the run stops with 75. With no change to verl, the
+    loop's hello says what a checkpoint of the config's model will hold (fp32 model and AdamW
+    state: 12 bytes per parameter) and where checkpoints go."""
+    model = tiny_model_dir(short_tmp / "model")
+    run = verl_run(esiwrap, short_tmp, "v1", ray_env(short_tmp), "--save-freq", "-1",
+                   "--model-dir", str(model), redundant_s="60")
     run.wait_for(lambda e: e["event"] == "step_observed" and e["step"] >= 3, RAY_TIMEOUT_S, "step 3")
     run.proc.send_signal(signal.SIGTERM)
     assert_saved_at_next_boundary(run, short_tmp, "v1", reason="sigterm")
+    loop_hello = next(e for e in run.events if e["event"] == "trainer_attached" and e.get("loop"))
+    assert loop_hello["checkpoint_bytes"] == 12 * (1000 * 64 + 64 * 64)
+    assert loop_hello["checkpoint_dir"] == str(short_tmp / "ckpt")
+    assert "actor" in loop_hello["checkpoint_estimate"]
     assert_nothing_left(short_tmp)
 
 

@@ -15,7 +15,7 @@ from fakes.volcengine_api import ACCESS_DENIED, THROTTLED, Failure, FakeVolcengi
 
 from esiwrap.deadline import ask, parse_iso
 from esiwrap.deadline.metadata import VOLCENGINE, MetadataClient, Timeouts
-from esiwrap.deadline.volcengine import INSTALL_HINT, VolcengineSettings, VolcengineSource
+from esiwrap.deadline.volcengine_api import INSTALL_HINT, VolcengineSettings, VolcengineSource
 
 pytestmark = pytest.mark.usefixtures("volcengine_credentials")
 
@@ -75,6 +75,24 @@ def test_not_a_scheduled_instance(fake_metadata: FakeMetadata, fake_api: FakeVol
     assert "not an elastic scheduled instance" in answer.reason
     assert answer.expected
     assert fake_api.actions() == ["DescribeInstances"]
+    assert answer.capacity == "on-demand"  # SpotStrategy NoSpot
+
+
+@pytest.mark.parametrize("strategy", ["SpotAsPriceGo", "SpotWithPriceLimit"])
+def test_a_spot_instance_says_so_before_any_notice(fake_metadata: FakeMetadata, fake_api: FakeVolcengineApi,
+                                                    strategy: str) -> None:
+    """DescribeInstances' SpotStrategy marks a spot instance: its answer has no deadline (no
+    notice yet) but says the capacity is spot, which sets the periodic saves' rate."""
+    fake_api.add_instance(INSTANCE_ID, scheduled_instance_id="", spot_strategy=strategy)
+    answer = ask(source(fake_metadata.url, fake_api), time.time())
+    assert answer.deadline is None and answer.capacity == "spot"
+
+
+def test_a_scheduled_instances_end_is_reserved_capacity(fake_metadata: FakeMetadata,
+                                                        fake_api: FakeVolcengineApi) -> None:
+    """An elastic scheduled instance's AutoReleaseAt is the end of a reservation."""
+    answer = ask(source(fake_metadata.url, fake_api), time.time())
+    assert answer.deadline is not None and answer.capacity == "reserved"
 
 
 def test_access_denied_names_the_permissions(fake_metadata: FakeMetadata,
@@ -205,10 +223,11 @@ def test_help_and_core_do_not_import_the_sdk() -> None:
     code = (
         "import sys, contextlib, io\n"
         "from esiwrap.cli import main\n"
-        "from esiwrap.deadline.registry import DEFAULT_SOURCES, SourceSettings, build_sources\n"
+        "from esiwrap.deadline.registry import DEFAULT_SOURCES, build_sources\n"
+        "from esiwrap.options import source_values\n"
         "with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):\n"
         "    main(['--help'])\n"
-        "build_sources(DEFAULT_SOURCES, SourceSettings(metadata_url='http://127.0.0.1:9'), {}, 0.0)\n"
+        "build_sources(DEFAULT_SOURCES, source_values(metadata_url='http://127.0.0.1:9'), {}, 0.0)\n"
         "print(sorted(m for m in sys.modules if m.startswith('volcengine')))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -57,7 +57,8 @@ def test_the_replay_with_the_runs_own_settings_is_the_run(run_log: Path) -> None
 
 def test_the_what_if_is_what_the_simulator_says_on_the_same_durations(run_log: Path) -> None:
     """The what-if column equals benchmarks/simulate.py's esiwrap on a scenario built from the
-    log's own step and save times, the deadline taken from the first trainer's hello."""
+    log's own step and save times, the deadline taken from the first trainer's hello, and what the
+    run knew before its first save: the checkpoint's size, the probed speed, the capacity."""
     done = report(str(run_log), "--json", "--what-if", WHAT_IF)
     (replayed,) = json.loads(done.stdout)["what_if"]
     events = [json.loads(line) for line in run_log.read_text().splitlines()]
@@ -69,7 +70,12 @@ def test_the_what_if_is_what_the_simulator_says_on_the_same_durations(run_log: P
         steps.append(median)
     saved = [(e["step"], e["duration_s"]) for e in events if e["event"] == "save_completed"]
     saves = [min(saved, key=lambda s: abs(s[0] - k))[1] for k in range(1, len(steps) + 1)]
-    scenario = Scenario("log", steps, saves, deadline, deadline, list[DeadlineChange]())
+    hello = next(e for e in events if e["event"] == "trainer_attached")
+    probed = next(e for e in events if e["event"] == "storage_probed")
+    resolved = next(e for e in events if e["event"] == "deadline_resolved")
+    scenario = Scenario("log", steps, saves, deadline, deadline, list[DeadlineChange](),
+                        checkpoint_bytes=hello["checkpoint_bytes"], probe_bps=probed["bandwidth_mb_s"] * 1e6,
+                        capacity=resolved["capacity"])
     settings = next(e for e in events if e["event"] == "child_started")["settings"]
     config = PolicyConfig(redundant_s=1.0, final_margin_s=0.5, save_duration_s=settings["--save-duration"])
     outcome = run_esiwrap(scenario, config)

@@ -25,7 +25,7 @@ import ray
 
 
 def verl_config(ckpt_dir: str, save_freq: int, total_steps: int, async_save: bool,
-                resume_mode: str = "auto") -> Any:
+                model_dir: str | None = None, resume_mode: str = "auto") -> Any:
     """verl's own generated PPO config, with what this CPU run needs."""
     import verl
     from omegaconf import OmegaConf
@@ -39,7 +39,10 @@ def verl_config(ckpt_dir: str, save_freq: int, total_steps: int, async_save: boo
             "resume_mode": resume_mode,
         },
         "actor_rollout_ref": {"actor": {"checkpoint": {"async_save": async_save}}},
+        "algorithm": {"adv_estimator": "grpo"},  # no critic: this loop has no critic worker group
     }
+    if model_dir is not None:
+        overrides["actor_rollout_ref"]["model"] = {"path": model_dir}
     return OmegaConf.merge(config, overrides)
 
 
@@ -170,7 +173,7 @@ def expire_soon_per_verl(in_s: float, step_s: float, out_dir: Path) -> None:
 class TaskRunner:
     def run(self, args: argparse.Namespace) -> None:
         Path(args.pid_file).write_text(str(os.getpid()))
-        config = verl_config(args.ckpt_dir, args.save_freq, args.steps, args.async_save,
+        config = verl_config(args.ckpt_dir, args.save_freq, args.steps, args.async_save, args.model_dir,
                              args.resume_mode or "auto")
         loop, step_s, steps = args.loop, args.step_seconds, args.steps
         if loop == "legacy":
@@ -194,6 +197,7 @@ def main() -> None:
     parser.add_argument("--skip-ray-env-hook", action="store_true")
     parser.add_argument("--async-save", action="store_true", help="actor.checkpoint.async_save=True")
     parser.add_argument("--mlp-expiry-in", type=float, help="set verl's MLP_ expiry variable in the actor")
+    parser.add_argument("--model-dir", help="actor_rollout_ref.model.path (a local model directory)")
     parser.add_argument("--resume-mode", choices=["auto", "disable"],
                         help="v1: trainer.resume_mode, and load the checkpoint as init_workers does")
     args = parser.parse_args()

@@ -2,7 +2,20 @@
 
 Inert unless esiwrap's environment variables are set (see `esiwrap.integrations`); then chains
 to the `sitecustomize` that would have loaded without us.
+
+A Python of the child's tree without esiwrap installed (a shell script's helper, a data tool, an
+interpreter of another environment) stays silent: it has nothing to do with training. Only if it
+then imports one of verl's trainer modules, and nothing has loaded esiwrap's hooks by then (a Ray
+worker gets them from the job's setup hook), does it say once, on stderr, that the hook is missing.
 """
+
+# verl's trainer modules: esiwrap.integrations.VERL_TRAINER_MODULES (a test holds them equal).
+_TRAINER_MODULES = frozenset({
+    "verl.trainer.ppo.ray_trainer",
+    "verl.experimental.separation.ray_trainer",
+    "verl.experimental.fully_async_policy.fully_async_trainer",
+    "verl.trainer.ppo.v1.trainer_base",
+})
 
 
 def _esiwrap_start() -> None:
@@ -15,12 +28,43 @@ def _esiwrap_start() -> None:
             from esiwrap.integrations import activate
 
             activate()
-        except Exception as exc:  # never break the user's interpreter
-            sys.stderr.write(
-                f"esiwrap: integration hook not loaded in {sys.executable}: {exc!r}; install esiwrap "
-                "in this environment, or set ESIWRAP_HOOK=0\n"
-            )
+        except ModuleNotFoundError as exc:
+            if (exc.name or "").partition(".")[0] != "esiwrap":
+                _not_loaded(exc)
+            else:  # not installed here: a word only if this Python turns out to train
+                sys.meta_path.insert(0, _MissingHookNotice(exc))
+        except Exception as exc:  # esiwrap is here but broken: never break the user's interpreter
+            _not_loaded(exc)
     _chain_next_sitecustomize(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _not_loaded(exc: BaseException) -> None:
+    import sys
+
+    sys.stderr.write(
+        f"esiwrap: integration hook not loaded in {sys.executable}: {exc!r}; install esiwrap "
+        "in this environment, or set ESIWRAP_HOOK=0\n"
+    )
+
+
+class _MissingHookNotice:
+    """A meta-path finder that finds nothing: at the first import of a verl trainer module it
+    says, once, that esiwrap's hook is missing, unless esiwrap's verl hooks are in place by then."""
+
+    def __init__(self, exc: BaseException) -> None:
+        self._exc: BaseException | None = exc
+
+    def find_spec(self, fullname: str, path: object = None, target: object = None) -> None:
+        # Done or not a trainer module: find nothing. (It stays on sys.meta_path: removing it
+        # while the import walks that list would skip the next finder.)
+        if self._exc is None or fullname not in _TRAINER_MODULES:
+            return
+        import sys
+
+        exc, self._exc = self._exc, None
+        integrations = sys.modules.get("esiwrap.integrations")
+        if not getattr(integrations, "_verl_hooks_installed", False):
+            _not_loaded(exc)
 
 
 def _chain_next_sitecustomize(here: str) -> None:

@@ -1,4 +1,5 @@
-"""Sources that need no network: the `--deadline` flag and the platforms' environment variables."""
+"""Sources `cli` and `env`, which need no network: the `--deadline` flag and the platforms'
+environment variables (Volcengine's ML platform, SageMaker capacity blocks)."""
 
 from __future__ import annotations
 
@@ -7,11 +8,23 @@ from dataclasses import dataclass
 
 from esiwrap.deadline.bounds import implausible
 from esiwrap.deadline.parse import TimeParseError, parse_epoch, parse_when
-from esiwrap.deadline.value import Deadline
+from esiwrap.deadline.value import Deadline, Source, SourceSetup
 from esiwrap.errors import SourceUnavailable
+from esiwrap.optiontypes import Option, seconds
 
 MLP_VAR = "MLP_CURRENT_CAPACITY_BLOCK_EXPIRATION_TIMESTAMP"
 SAGEMAKER_VAR = "SAGEMAKER_CURRENT_CAPACITY_BLOCK_EXPIRATION_TIMESTAMP"
+
+NAMES: tuple[str, ...] = ("cli", "env")
+SAGEMAKER_LEAD = Option("--sagemaker-lead", seconds, 1800.0, "1800",
+                        "seconds before a SageMaker capacity block's end time that termination starts")
+OPTIONS: tuple[Option, ...] = (SAGEMAKER_LEAD,)  # `--deadline` is the registry's: it overrides every source
+
+
+def build(name: str, setup: SourceSetup) -> list[Source]:
+    if name == "cli":
+        return [CliSource(setup.deadline, setup.anchor)] if setup.deadline is not None else []
+    return list(env_sources(setup.environ, setup.values[SAGEMAKER_LEAD.dest]))
 
 
 @dataclass

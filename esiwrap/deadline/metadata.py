@@ -1,6 +1,7 @@
 """A small client for a cloud's instance metadata service (IMDS), with the IMDSv2 token flow.
 
-Volcengine (`http://100.96.0.96`) and AWS (`http://169.254.169.254`) speak the same protocol:
+Volcengine (`http://100.96.0.96`) and AWS (`http://169.254.169.254`; the defaults of
+`--metadata-url` and `--aws-metadata-url`) speak the same protocol:
 PUT `/latest/api/token` with a TTL header returns a session token, then GETs carry it in another
 header. Where tokens are not offered (the PUT is refused with 403/404/405) plain GETs are used; a
 throttled or failed token request (429, 5xx) is retried with backoff and never turns tokens off,
@@ -18,8 +19,6 @@ import threading
 import time
 from dataclasses import dataclass
 
-VOLCENGINE_METADATA_URL = "http://100.96.0.96"
-AWS_METADATA_URL = "http://169.254.169.254"
 TOKEN_PATH = "/latest/api/token"
 TOKEN_TTL_S = 21600
 TOKEN_REUSE_S = TOKEN_TTL_S - 60  # renew a minute before the service forgets it

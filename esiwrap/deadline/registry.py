@@ -1,45 +1,52 @@
-"""Build the ordered source list named by `--sources`."""
+"""The deadline sources by name: the modules that provide them, their options, and the ordered
+list `--sources` names.
+
+A source module (`local`, `volcengine`, `aws`) declares, beside its sources:
+
+    NAMES    the words of `--sources` it provides, e.g. ("aws-spot",)
+    OPTIONS  its own run options (`esiwrap.optiontypes.Option`), e.g. `--aws-metadata-url`; read
+             by the command line, `--help`, `ESIWRAP_<NAME>`, the systemd job file
+    build(name, setup) -> [Source]   its sources for one name, from `SourceSetup` (the resolved
+             options by `Option.dest`, the environment, the launch time)
+
+A new platform is one such module and one entry in `SOURCE_MODULES`. Every `esiwrap` start reads
+every module's `OPTIONS`, so a source module imports what is heavy (an SDK, `http.client`, the
+metadata client) inside `build` or later, never at its top.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
-from esiwrap.deadline.local import CliSource, env_sources
-from esiwrap.deadline.metadata import AWS_METADATA_URL, VOLCENGINE_METADATA_URL
-from esiwrap.deadline.value import Source
+from esiwrap.deadline import aws, local, slurm, volcengine
+from esiwrap.deadline.local import CliSource
+from esiwrap.deadline.value import Source, SourceSetup
 from esiwrap.errors import UsageError
+from esiwrap.optiontypes import Option
 
-if TYPE_CHECKING:
-    from esiwrap.deadline.metadata import MetadataClient
-    from esiwrap.deadline.volcengine import VolcengineSettings
 
+class SourceModule(Protocol):
+    NAMES: tuple[str, ...]
+    OPTIONS: tuple[Option, ...]
+
+    def build(self, name: str, setup: SourceSetup) -> list[Source]: ...
+
+
+SOURCE_MODULES: tuple[SourceModule, ...] = (local, slurm, volcengine, aws)
+BY_NAME: dict[str, SourceModule] = {name: module for module in SOURCE_MODULES for name in module.NAMES}
+KNOWN_SOURCES = tuple(BY_NAME)
+OPTIONS: tuple[Option, ...] = tuple(opt for module in SOURCE_MODULES for opt in module.OPTIONS)
 # volcengine-spot is on by default: it asks the same metadata service as `volcengine`, so it adds
 # no new address, and a spot notice is the shortest warning there is. aws-spot is opt-in: on by
-# default it would probe 169.254.169.254 from every non-AWS machine every few minutes.
-DEFAULT_SOURCES = ("cli", "env", "volcengine", "volcengine-spot")
-KNOWN_SOURCES = ("cli", "env", "volcengine", "volcengine-spot", "aws-spot")
-REGION_ENV = "VOLCENGINE_REGION"
-
-
-@dataclass(frozen=True)
-class SourceSettings:
-    """What the sources need from the command line; time enters as `anchor` (launch time)."""
-
-    deadline: str | None = None
-    sagemaker_lead_s: float = 1800.0
-    refresh_s: float = 300.0
-    volcengine_endpoint: str | None = None
-    volcengine_region: str | None = None
-    volcengine_timeout_s: float = 5.0
-    metadata_url: str = VOLCENGINE_METADATA_URL
-    aws_metadata_url: str = AWS_METADATA_URL
+# default it would probe 169.254.169.254 from every non-AWS machine every few minutes. slurm is
+# on by default and costs nothing outside a Slurm job: it is only started where SLURM_JOB_ID is set.
+DEFAULT_SOURCES = ("cli", "env", "slurm", "volcengine", "volcengine-spot")
 
 
 def parse_source_names(text: str) -> list[str]:
     names = [part.strip().lower() for part in text.split(",") if part.strip()]
-    unknown = [name for name in names if name not in KNOWN_SOURCES]
+    unknown = [name for name in names if name not in BY_NAME]
     if unknown or not names:
         bad = ",".join(unknown) or repr(text)
         msg = f"--sources {bad}: unknown source; choose from {','.join(KNOWN_SOURCES)}, e.g. cli,env"
@@ -48,42 +55,17 @@ def parse_source_names(text: str) -> list[str]:
 
 
 def build_sources(
-    names: Sequence[str], settings: SourceSettings, environ: Mapping[str, str], anchor: float
+    names: Sequence[str], values: Mapping[str, Any], environ: Mapping[str, str], anchor: float,
+    *, explain: bool = False,
 ) -> list[Source]:
-    """Sources in the order given. `--deadline` overrides discovery: then it is the only one.
-
-    The cloud sources' modules are imported only when named: a run with local sources only
-    starts without them."""
-    if settings.deadline is not None and "cli" in names:
-        return [CliSource(settings.deadline, anchor)]
-    if any(name not in ("cli", "env") for name in names):
-        from esiwrap.deadline.metadata import AWS, VOLCENGINE, MetadataClient
-        from esiwrap.deadline.spot import aws_spot, volcengine_spot
-        from esiwrap.deadline.volcengine import VolcengineSource
-    volcengine_imds: MetadataClient | None = None  # one client: the two sources share its token
-    sources: list[Source] = []
-    for name in names:
-        if name == "env":
-            sources.extend(env_sources(environ, settings.sagemaker_lead_s))
-        elif name in ("volcengine", "volcengine-spot"):
-            if volcengine_imds is None:
-                volcengine_imds = MetadataClient(settings.metadata_url, VOLCENGINE)
-            if name == "volcengine":
-                sources.append(VolcengineSource(volcengine_imds, volcengine_settings(settings, environ)))
-            else:
-                sources.append(volcengine_spot(volcengine_imds, settings.refresh_s))
-        elif name == "aws-spot":
-            sources.append(aws_spot(MetadataClient(settings.aws_metadata_url, AWS), settings.refresh_s))
-    return sources
-
-
-def volcengine_settings(settings: SourceSettings, environ: Mapping[str, str]) -> VolcengineSettings:
-    from esiwrap.deadline.volcengine import VolcengineSettings
-
-    region = settings.volcengine_region or environ.get(REGION_ENV, "").strip() or None
-    return VolcengineSettings(
-        endpoint=settings.volcengine_endpoint,
-        region=region,
-        timeout_s=settings.volcengine_timeout_s,
-        refresh_s=settings.refresh_s,
-    )
+    """Sources in the order given, from the resolved source options (`esiwrap.options`:
+    `deadline` and `refresh` and each module's own, by `Option.dest`). `--deadline` overrides
+    discovery: then it is the only one. A module's sources are built, and its heavy parts
+    imported, only when named: a run with local sources only starts without them. A module may
+    build nothing where it cannot apply (slurm outside a Slurm job) unless `explain`
+    (`esiwrap deadline`: every source named says why it has no answer)."""
+    deadline = values["deadline"]
+    if deadline is not None and "cli" in names:
+        return [CliSource(deadline, anchor)]
+    setup = SourceSetup(values, environ, anchor, deadline, values["refresh"], shared={}, explain=explain)
+    return [source for name in names for source in BY_NAME[name].build(name, setup)]

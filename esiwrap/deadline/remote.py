@@ -2,8 +2,9 @@
 
 An answer travels as plain fields (a Ray call's result, then a channel datagram from the driver
 to esiwrap), so it is checked again where it arrives: the source must name a node (`node:` —
-no remote answer may pose as `--deadline`, which overrides the others), the time must be a
-plausible epoch, the detail plain strings. What does not pass is dropped.
+no remote answer may pose as `--deadline`, which overrides the others), the time must be
+plausible where it arrives (`bounds`, as for every source), the detail plain strings. What does
+not pass is dropped.
 """
 
 from __future__ import annotations
@@ -12,12 +13,12 @@ import math
 from collections.abc import Mapping
 from typing import Any, cast
 
+from esiwrap.deadline.bounds import implausible
 from esiwrap.deadline.chain import CAPACITY_KINDS, Answer
 from esiwrap.deadline.value import CapacityKind, Deadline
 
 NODE_PREFIX = "node:"
 SHORT_ID_CHARS = 8  # of Ray's 56 hex digits: enough to tell a cluster's nodes apart in a log
-EPOCH_RANGE = (1e9, 1e11)  # 2001 .. 5138: anything else is not a deadline
 
 
 def node_source(node_id: str, source: str = "") -> str:
@@ -36,8 +37,9 @@ def to_fields(answer: Answer) -> dict[str, Any]:
     return fields
 
 
-def from_fields(fields: Mapping[str, Any]) -> Answer | None:
-    """The answer the fields describe, or None when they are not a valid node's answer."""
+def from_fields(fields: Mapping[str, Any], now: float) -> Answer | None:
+    """The answer the fields describe, or None when they are not a valid node's answer (at
+    wall time `now`)."""
     source = fields.get("source")
     if not isinstance(source, str) or not source.startswith(NODE_PREFIX) or len(source) > 200:
         return None
@@ -49,9 +51,7 @@ def from_fields(fields: Mapping[str, Any]) -> Answer | None:
     if at is None:
         return Answer(source, reason=reason or "no answer", expected=fields.get("expected") is True,
                       capacity=capacity)
-    if isinstance(at, bool) or not isinstance(at, (int, float)) or not math.isfinite(at):
-        return None
-    if not EPOCH_RANGE[0] < at < EPOCH_RANGE[1]:
+    if implausible(at, now) is not None:
         return None
     lead = fields.get("lead_s", 0.0)
     detail = fields.get("detail")

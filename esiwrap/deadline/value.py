@@ -1,13 +1,15 @@
-"""The `Deadline` value and the `Source` protocol every deadline source implements."""
+"""The `Deadline` value, the `Source` protocol every deadline source implements, and the
+`SourceSetup` every source is built from."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Literal, Protocol, runtime_checkable
+from typing import Any, Literal, NamedTuple, Protocol, runtime_checkable
 
 # What kind of capacity the run is on, as far as a source can tell; it sets how often an
-# interruption with no warning is expected (`policy.interruption_rate_per_day`):
+# interruption with no warning is expected (`policy.interruption_rate`):
 #   spot       preemptible: taken back whenever the cloud needs it (a notice of seconds to minutes)
 #   reserved   a reservation with a known end: a time slot, a capacity block, a batch job's limit
 #   on-demand  an ordinary instance: no end, no preemption
@@ -87,3 +89,23 @@ class Source(Protocol):
     def period_s(self) -> float | None: ...
 
     def resolve(self, now: float) -> Deadline: ...
+
+
+class SourceSetup(NamedTuple):
+    """What a source module's `build` gets (`esiwrap.deadline.registry`).
+
+    `values` holds every resolved source option by its `Option.dest` (a module reads its own, e.g.
+    `setup.values[METADATA_URL.dest]`); `deadline` and `refresh_s` are the general ones
+    (`--deadline`, `--refresh`); `anchor` is the launch time (`+2h` counts from it); `shared` is
+    one dict for the whole `--sources` list, for what a module's sources share (one metadata
+    client for `volcengine` and `volcengine-spot`: one token). `explain`: build a source also
+    where it cannot apply, to say why (`esiwrap deadline`); a run leaves such a source out.
+    """
+
+    values: Mapping[str, Any]
+    environ: Mapping[str, str]
+    anchor: float
+    deadline: str | None
+    refresh_s: float
+    shared: dict[str, Any]
+    explain: bool = False

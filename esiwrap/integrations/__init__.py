@@ -2,9 +2,9 @@
 `sitecustomize` bootstrap; the framework callbacks (`transformers`, `lightning`) are imported by
 the user's script and import their framework only when used.
 
-The supervisor puts `bootstrap_dir()` first on the child's `PYTHONPATH`. In every Python process
-of the child tree, the bootstrap calls `activate()`, which does nothing unless esiwrap's socket
-(`ESIWRAP_SOCKET`) or a Ray relay (`ESIWRAP_RELAY`) is in the environment. Nothing heavy is
+The supervisor puts `esiwrap.paths.bootstrap_dir()` first on the child's `PYTHONPATH`. In every
+Python process of the child tree, the bootstrap calls `activate()`, which does nothing unless
+esiwrap's socket (`ESIWRAP_SOCKET`) or a Ray relay (`ESIWRAP_RELAY`) is in the environment. Nothing heavy is
 imported here: verl is patched by a post-import hook only when its trainer modules are imported.
 """
 
@@ -25,23 +25,11 @@ __all__ = [
     "VERL_TRAINER_MODULES",
     "VERL_V1_MODULE",
     "activate",
-    "bootstrap_dir",
     "install_verl_hooks",
-    "package_dir",
 ]
 
 RAY_ENV_HOOK = "RAY_RUNTIME_ENV_HOOK"
 OUR_RAY_ENV_HOOK = "esiwrap.integrations.ray_relay.runtime_env_hook"
-
-
-def package_dir() -> str:
-    """The esiwrap package directory, for a Ray job's `py_modules` (nodes need not have it)."""
-    return os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
-
-
-def bootstrap_dir() -> str:
-    """The directory holding only our `sitecustomize.py`, for the front of `PYTHONPATH`."""
-    return os.path.join(package_dir(), "_bootstrap")
 
 
 def activate() -> None:

@@ -5,10 +5,13 @@
     trainer = L.Trainer(callbacks=[esiwrap_cb])
     trainer.fit(model, ckpt_path=esiwrap_cb.resume_path())
 
-At every `on_train_batch_end` it reports the boundary (`trainer.global_step`); when a save was
-requested (on any rank: the flag is all-reduced) every rank calls `trainer.save_checkpoint` (as
-distributed strategies require), rank 0 renames the finished file over `esiwrap-last.ckpt`, and
-the save is acknowledged after that: only rank 0 takes part in the acknowledgement. Works with
+It tells esiwrap what a checkpoint holds before the first save (the module's and the optimizers'
+tensors, where checkpoints go, the checkpoint it resumes from), so the first save is planned from
+the checkpoint's size and the storage's speed. At every `on_train_batch_end` it reports the
+boundary (`trainer.global_step`); when a save was requested (on any rank: the flag is
+all-reduced) every rank calls `trainer.save_checkpoint` (as distributed strategies require),
+rank 0 renames the finished file over `esiwrap-last.ckpt`, and the save is acknowledged after
+that: only rank 0 takes part in the acknowledgement. Works with
 `lightning.pytorch` or the older `pytorch_lightning` package, whichever is installed.
 
 Stopping needs nothing from us: Lightning already ends `fit` gracefully on SIGTERM (every rank
@@ -54,8 +57,15 @@ class EsiwrapCallback(Callback):
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if stage != "fit":
             return
-        esi.install(saves=bool(trainer.is_global_zero), integration="lightning")
+        esi.install(saves=bool(trainer.is_global_zero), integration="lightning",
+                    checkpoint_bytes=esi.checkpoint_bytes(pl_module) if trainer.is_global_zero else None,
+                    checkpoint_dir=self.path.parent, resumed_from=self.resume_path())
         _warn_on_shared_requeue_signal(trainer)
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """The optimizers exist now: the checkpoint's size with their state (what rank 0 writes)."""
+        if trainer.is_global_zero:
+            esi.report_checkpoint_bytes(esi.checkpoint_bytes(pl_module, list(trainer.optimizers)))
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any,
                            batch: Any, batch_idx: int) -> None:

@@ -63,11 +63,11 @@ def node_sources(environ: Mapping[str, str], now: float) -> list[Source]:
     Raises `UsageError` for a bad `ESIWRAP_*` value."""
     import argparse
 
-    from esiwrap.cli import SOURCE_OPTIONS, resolve_options, source_settings
     from esiwrap.deadline.registry import build_sources
+    from esiwrap.options import SOURCE_OPTIONS, resolve_options
 
     values = resolve_options(argparse.Namespace(), SOURCE_OPTIONS, environ)
-    return build_sources(values["sources"], source_settings(values), environ, now)
+    return build_sources(values["sources"], values, environ, now)
 
 
 def _sources_or_why(node: Node, now: float) -> tuple[list[Source], list[Answer]]:
@@ -235,7 +235,7 @@ def ask_cluster(address: str, timeout_s: float) -> list[NodeAnswers]:
 
     import ray
 
-    from esiwrap.integrations import package_dir
+    from esiwrap.paths import package_dir
 
     ray.init(address=address, log_to_driver=False, logging_level=logging.ERROR, namespace="esiwrap",
              runtime_env={"py_modules": [package_dir()]})
@@ -259,5 +259,6 @@ def _node_answers(ray: Any, node: Node, ref: Any) -> NodeAnswers:
         fields = ray.get(ref)
     except Exception as exc:
         return NodeAnswers(node, [], error=f"{type(exc).__name__}: {str(exc)[:200]}")
-    answers = [answer for answer in map(remote.from_fields, fields) if answer is not None]
+    now = time.time()
+    answers = [answer for answer in (remote.from_fields(f, now) for f in fields) if answer is not None]
     return NodeAnswers(node, answers)

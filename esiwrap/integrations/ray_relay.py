@@ -25,8 +25,9 @@ import signal
 import sys
 import threading
 
+from esiwrap import messages
 from esiwrap.envvars import CHAINED_RAY_ENV_HOOK, CHAINED_SETUP_HOOK_ENV, RELAY_ENV, SIGNAL_ENV
-from esiwrap.integrations import package_dir
+from esiwrap.paths import package_dir
 from esiwrap.signals import save_signal
 
 TYPE_CHECKING = False  # workers import this at start-up: the typing module only for mypy
@@ -53,12 +54,14 @@ HELLO_FIELDS_OWNED_BY_DRIVER = frozenset({"type", "pid", "signal", "stop_signal"
 
 # ---------------------------------------------------------------------- the save-signal flag
 class _SignalFlag:
-    """Counts save signals; the handler only increments and, in the driver, wakes the relay."""
+    """Counts save signals; the handler only increments and, in the driver, wakes the relay, then
+    calls the handler it replaced (`esiwrap.trainer.install()`'s in a driver that trains itself)."""
 
     def __init__(self) -> None:
         self.count = 0
         self.signum: int | None = None
         self.wake_fd: int | None = None
+        self.previous: Any = None
 
     def handler(self, signum: int, frame: FrameType | None) -> None:
         self.count += 1
@@ -67,6 +70,8 @@ class _SignalFlag:
                 os.write(self.wake_fd, b"!")
             except OSError:
                 pass
+        if callable(self.previous):
+            self.previous(signum, frame)
 
 
 signal_flag = _SignalFlag()
@@ -75,7 +80,9 @@ signal_flag = _SignalFlag()
 def install_signal_flag(*, replace: bool = False) -> bool:
     """Count the save signal in this process instead of dying of it (main thread only).
 
-    Without `replace`, a handler the program installed itself is left alone."""
+    Without `replace`, a handler the program installed itself is left alone; with it, that handler
+    is chained (called after the count), so a driver's own `esiwrap.trainer.install()` still sees
+    every save signal."""
     signum = save_signal()
     if threading.current_thread() is not threading.main_thread():
         return False
@@ -84,6 +91,7 @@ def install_signal_flag(*, replace: bool = False) -> bool:
         return True
     if not replace and current not in (signal.SIG_DFL, None):
         return False
+    signal_flag.previous = current if callable(current) else None
     signal.signal(signum, signal_flag.handler)
     signal_flag.signum = signum
     return True
@@ -154,10 +162,12 @@ class _Driver:
         import ray
 
         self.base_hello = {
-            "rank": 0, "world_size": 1, "signal": handled, "stop_signal": "SIGINT",
-            "integration": "verl", "role": "ray-driver", "ray_version": ray.__version__,
+            "rank": 0, "world_size": 1, "signal": handled, "integration": "verl", "role": "ray-driver",
+            "ray_version": ray.__version__,
         }
-        self.client.send("hello", saves=False, **self.base_hello)
+        if _sigint_reaches_python():  # a clean Ray shutdown; SIGTERM makes Ray abort
+            self.base_hello["stop_signal"] = "SIGINT"
+        self.client.send(messages.HELLO, saves=False, **self.base_hello)
         self._thread = threading.Thread(target=self._run, name="esiwrap-relay", daemon=True)
         self._thread.start()
         return self.relay_id
@@ -208,18 +218,25 @@ class _Driver:
         from esiwrap.integrations.ray_nodes import ClusterWatch
 
         client = ChannelClient.from_env()
-        ClusterWatch(lambda fields: client.send("deadline", **fields)).start()
+        ClusterWatch(lambda fields: client.send(messages.DEADLINE, **fields)).start()
 
     def _forward(self, message: dict[str, Any]) -> None:
         kind = str(message.pop("type", ""))
         origin = message.pop("pid", None)
-        if kind == "hello":
+        if kind == messages.HELLO:
             fields = {k: v for k, v in message.items() if k not in HELLO_FIELDS_OWNED_BY_DRIVER}
             fields = {**fields, **self.base_hello, "role": "ray-driver, relaying the verl loop"}
             fields["relayed_from"] = {"pid": origin, "node": message.get("node")}
-            self.client.send("hello", saves=True, **fields)
+            self.client.send(messages.HELLO, saves=True, **fields)
         elif kind:
             self.client.send(kind, **message)
+
+
+def _sigint_reaches_python() -> bool:
+    """False when SIGINT would be lost on this driver: ignored (a background job of a shell) or
+    blocked by whoever started it. esiwrap then stops it with its --stop-signal."""
+    return signal.getsignal(signal.SIGINT) != signal.SIG_IGN and \
+        signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, ())
 
 
 _driver_singleton: _Driver | None = None

@@ -59,7 +59,12 @@ class EsiwrapCallback(TrainerCallback):
     # ------------------------------------------------------------------ hooks
     def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                        **kwargs: Any) -> None:
-        esi.install(saves=bool(args.should_save), integration="transformers")
+        # What a checkpoint holds (the model and the optimizer's state, on the saving processes),
+        # where checkpoints go and the newest one there: the first save is planned from them.
+        saves = bool(args.should_save)
+        size = esi.checkpoint_bytes(kwargs.get("model"), kwargs.get("optimizer")) if saves else 0
+        esi.install(saves=saves, integration="transformers", checkpoint_bytes=size or None,
+                    checkpoint_dir=args.output_dir, resumed_from=last_checkpoint(args.output_dir or "."))
         self.stop_requested = self.stopped_by_esiwrap = False
         if self.graceful_stop and os.environ.get(SOCKET_ENV):
             self._take_sigterm()

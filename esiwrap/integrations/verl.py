@@ -33,6 +33,7 @@ import os
 import sys
 import time
 
+from esiwrap import messages
 from esiwrap.envvars import SOCKET_ENV
 from esiwrap.integrations import VERL_LEGACY_MODULES, VERL_V1_MODULE
 
@@ -110,9 +111,10 @@ class _Loop:
         self.kind = kind
         verl = sys.modules.get("verl")
         transport.send(
-            "hello", rank=0, world_size=1, saves=True, signal=not relayed, integration="verl",
+            messages.HELLO, rank=0, world_size=1, saves=True, signal=not relayed, integration="verl",
             verl_version=getattr(verl, "__version__", "unknown"), loop=kind,
             trainer=type(trainer).__qualname__ if trainer is not None else "", node=_node_ip(),
+            **_checkpoint_facts(trainer),
         )
         return True
 
@@ -124,7 +126,7 @@ class _Loop:
         config = getattr(getattr(trainer, "config", None), "trainer", None)
         fields = {key: _config_text(config, key) for key in ("resume_mode", "default_local_dir",
                                                               "resume_from_path")}
-        self.transport.send("start", step=int(getattr(trainer, "global_steps", 0) or 0),
+        self.transport.send(messages.START, step=int(getattr(trainer, "global_steps", 0) or 0),
                             integration="verl", **fields)
 
     # -- requests
@@ -142,7 +144,7 @@ class _Loop:
         assert self.transport is not None
         now = time.monotonic()
         if self.last_boundary is not None:
-            self.transport.send("step", step=int(step), duration_s=round(now - self.last_boundary, 6))
+            self.transport.send(messages.STEP, step=int(step), duration_s=round(now - self.last_boundary, 6))
         self.last_boundary = now
         self._finish_pending()
 
@@ -155,13 +157,13 @@ class _Loop:
         root = str(trainer.config.trainer.default_local_dir)
         path = os.path.join(root, f"global_step_{step}")
         requests = self._request_count()
-        transport.send("save_begin", step=step)
+        transport.send(messages.SAVE_BEGIN, step=step)
         started = time.monotonic()
         self.depth += 1
         try:
             result = original(trainer, *args, **kwargs)
         except BaseException as exc:
-            transport.send("save_end", step=step, ok=False, path=path, error=repr(exc)[:500],
+            transport.send(messages.SAVE_END, step=step, ok=False, path=path, error=repr(exc)[:500],
                            duration_s=round(time.monotonic() - started, 6))
             raise  # the request stays: the next boundary tries again
         finally:
@@ -183,7 +185,7 @@ class _Loop:
         still = []
         for save in self.pending:
             if _tracker_holds(str(save.trainer.config.trainer.default_local_dir), save.step):
-                self.transport.send("save_end", step=save.step, ok=True, path=save.path,
+                self.transport.send(messages.SAVE_END, step=save.step, ok=True, path=save.path,
                                     duration_s=round(time.monotonic() - save.started, 6))
             else:
                 still.append(save)
@@ -215,6 +217,38 @@ def _checkpoint_step(trainer: Any) -> int:
     if "current_param_version" in vars(trainer) and hasattr(type(trainer), "_fit_save_checkpoint"):
         return int(trainer.current_param_version)
     return int(getattr(trainer, "global_steps", 0))
+
+
+def _checkpoint_facts(trainer: Any) -> dict[str, Any]:
+    """What esiwrap can know of a checkpoint before the first save, from the run's config: its
+    size (estimated), where it goes, and the checkpoint verl resumes from (the tracker's)."""
+    config = getattr(trainer, "config", None)
+    if config is None:
+        return {}
+    from esiwrap.integrations.verl_checkpoint import estimate_checkpoint_bytes
+
+    facts: dict[str, Any] = {}
+    try:
+        nbytes, how = estimate_checkpoint_bytes(config)
+        root = str(config.trainer.default_local_dir)
+    except Exception as exc:  # a config shape we do not know: no estimate, never a failed run
+        return {"checkpoint_estimate": f"no estimate: {type(exc).__name__}"}
+    facts["checkpoint_estimate"] = how
+    if nbytes:
+        facts["checkpoint_bytes"] = nbytes
+    facts["checkpoint_dir"] = os.path.abspath(os.path.expanduser(root))
+    latest = _tracker_step(root)
+    if latest is not None and os.path.isdir(os.path.join(root, f"global_step_{latest}")):
+        facts["resumed_from"] = os.path.abspath(os.path.join(root, f"global_step_{latest}"))
+    return facts
+
+
+def _tracker_step(root: str) -> int | None:
+    try:
+        with open(os.path.join(root, TRACKER)) as tracker:
+            return int(tracker.read().strip())
+    except (OSError, ValueError):
+        return None
 
 
 def _tracker_holds(root: str, step: int) -> bool:

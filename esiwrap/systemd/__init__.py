@@ -8,6 +8,6 @@ file for `esiwrap systemd-unit`.
 from __future__ import annotations
 
 from esiwrap.systemd.notify import CHILD_UNSET, Notifier
-from esiwrap.systemd.status import StatusFacts, human_duration, status_parts
+from esiwrap.systemd.status import human_duration, status_parts
 
-__all__ = ["CHILD_UNSET", "Notifier", "StatusFacts", "human_duration", "status_parts"]
+__all__ = ["CHILD_UNSET", "Notifier", "human_duration", "status_parts"]

@@ -1,4 +1,5 @@
-"""The one line `systemctl status` shows for a job: pure text from what the supervisor knows.
+"""The one line `systemctl status` shows for a job: pure text from the controller's `Snapshot`
+(the one view of its state, which also feeds the metrics and `esiwrap status`).
 
 It comes in two parts. The stable part (deadline, source, planned save, save in progress, stop)
 changes rarely and is sent at once; the volatile part (time left, last step) changes all the time
@@ -8,67 +9,53 @@ and is refreshed at most every few seconds.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from esiwrap.deadline.value import iso_utc
 
-
-@dataclass(frozen=True)
-class StatusFacts:
-    now: float
-    phase: str  # the controller's mode: running | … | stopping | killing | uploading
-    deadline_at: float | None = None
-    source: str | None = None
-    deadline_pending: bool = False  # the sources have not all answered yet
-    plan_kind: str | None = None
-    signal_at: float | None = None  # the planned save signal, as last logged
-    request_kind: str | None = None  # a save was asked for and is not acknowledged yet
-    saving_step: int | None = None  # ...and the trainer has begun writing it
-    last_saved_step: int | None = None
-    last_step: int | None = None
-    step_estimate_s: float | None = None
-    stop_reason: str | None = None
-    awaiting_ack: bool = False  # stopping after the save in progress (SIGTERM, late deadline)
+if TYPE_CHECKING:
+    from esiwrap.snapshot import Snapshot
 
 
-def status_parts(facts: StatusFacts) -> tuple[str, str]:
-    """(stable, volatile) halves of the status line."""
-    stable = [_deadline(facts), *_save(facts)]
-    if facts.last_saved_step is not None:
-        stable.append(f"checkpoint at step {facts.last_saved_step}")
+def status_parts(snapshot: Snapshot) -> tuple[str, str]:
+    """(stable, volatile) halves of the status line, as of the snapshot's time."""
+    s = snapshot
+    stable = [_deadline(s), *_save(s)]
+    if s.last_checkpoint_step is not None:
+        stable.append(f"checkpoint at step {s.last_checkpoint_step}")
     volatile = []
-    if facts.deadline_at is not None:
-        volatile.append(f"{human_duration(facts.deadline_at - facts.now)} left")
-    if facts.signal_at is not None and facts.request_kind is None and facts.phase == "running":
-        volatile.append(f"save in {human_duration(facts.signal_at - facts.now)}")
-    if facts.last_step is not None:
-        pace = f" (~{facts.step_estimate_s:.3g}s/step)" if facts.step_estimate_s else ""
-        volatile.append(f"step {facts.last_step}{pace}")
+    if s.deadline_at is not None:
+        volatile.append(f"{human_duration(s.deadline_at - s.time)} left")
+    if s.next_save_at is not None and s.requested_save_kind is None and s.phase == "running":
+        volatile.append(f"save in {human_duration(s.next_save_at - s.time)}")
+    if s.last_step is not None:
+        pace = f" (~{s.step_estimate_s:.3g}s/step)" if s.step_estimate_s else ""
+        volatile.append(f"step {s.last_step}{pace}")
     return ", ".join(stable), ", ".join(volatile)
 
 
-def _deadline(facts: StatusFacts) -> str:
-    if facts.deadline_at is None:
-        return "resolving the deadline" if facts.deadline_pending else "no deadline known"
-    return f"deadline {iso_utc(facts.deadline_at, 'seconds')} ({facts.source})"
+def _deadline(s: Snapshot) -> str:
+    if s.deadline_at is None:
+        return "resolving the deadline" if s.deadline_pending else "no deadline known"
+    return f"deadline {iso_utc(s.deadline_at, 'seconds')} ({s.deadline_source})"
 
 
-def _save(facts: StatusFacts) -> list[str]:
-    if facts.phase in ("stopping", "killing"):
-        return [f"stopping: {facts.stop_reason}"]
-    if facts.phase == "uploading":
+def _save(s: Snapshot) -> list[str]:
+    if s.phase in ("stopping", "killing"):
+        return [f"stopping: {s.stop_reason}"]
+    if s.phase == "uploading":
         return ["stopped; waiting for the last checkpoint's upload (--upload)"]
     parts = []
-    if facts.awaiting_ack:
+    if s.phase == "draining":  # stopping after the save in progress (SIGTERM, a late deadline)
         parts.append("stop requested, waiting for the checkpoint")
-    if facts.saving_step is not None:
-        parts.append(f"writing {facts.request_kind} checkpoint of step {facts.saving_step}")
-    elif facts.request_kind is not None:
-        parts.append(f"{facts.request_kind} save requested")
-    elif facts.phase == "continuing":
+    if s.saving_step is not None:
+        parts.append(f"writing {s.requested_save_kind} checkpoint of step {s.saving_step}")
+    elif s.requested_save_kind is not None:
+        parts.append(f"{s.requested_save_kind} save requested")
+    elif s.phase == "continuing":
         parts.append("planned saves done, training continues")
-    elif facts.signal_at is not None:
-        parts.append(f"{facts.plan_kind} save at {iso_utc(facts.signal_at, 'seconds')}")
+    elif s.next_save_at is not None:
+        parts.append(f"{s.next_save_kind} save at {iso_utc(s.next_save_at, 'seconds')}")
     return parts
 
 

@@ -73,11 +73,12 @@ class FakeVolcengineApi(Running):
         super().__init__(_ApiHandler)
 
     def add_instance(self, instance_id: str, scheduled_instance_id: str = "",
-                     expired_at: str = "") -> None:
+                     expired_at: str = "", spot_strategy: str = "NoSpot") -> None:
         with self.lock:
             self.state.instances[instance_id] = {
                 "InstanceId": instance_id, "ScheduledInstanceId": scheduled_instance_id,
                 "ExpiredAt": expired_at, "Status": "RUNNING", "InstanceChargeType": "PostPaid",
+                "SpotStrategy": spot_strategy,
             }
 
     def set_release(self, scheduled_instance_id: str, auto_release_at: str) -> None:

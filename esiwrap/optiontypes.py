@@ -1,0 +1,146 @@
+"""The run option type and the value parsers every option table uses.
+
+An `Option` is one flag of `esiwrap [OPTIONS] -- COMMAND`: its environment variable
+(`ESIWRAP_<NAME>`), default, example and help, and the parser that turns the text into a value.
+A parser raises `ValueError` with the reason (`esiwrap.options.resolve_options` turns it into one
+line naming the input and an example).
+
+Deadline sources declare their own options with these (`esiwrap.deadline.registry`), so this
+module imports nothing of esiwrap's but the names and the duration parser: any module may import it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from esiwrap.deadline.parse import TimeParseError, parse_duration
+from esiwrap.envvars import PREFIX
+
+
+@dataclass(frozen=True)
+class Option:
+    flag: str  # --metadata-url
+    parse: Callable[[str], Any]
+    default: Any
+    example: str  # a good value, shown after a bad one
+    help: str
+    choices: tuple[str, ...] = ()
+    show: Callable[[Any], str] | None = None  # how the default reads in --help (else str, on/off, ...)
+
+    @property
+    def dest(self) -> str:
+        """The key of its value in the resolved options: metadata_url."""
+        return self.flag.lstrip("-").replace("-", "_")
+
+    @property
+    def env(self) -> str:
+        return PREFIX + self.dest.upper()
+
+    @property
+    def default_text(self) -> str:
+        value = self.default
+        if self.show is not None:
+            return self.show(value)
+        if value is None:
+            return "none"
+        if isinstance(value, list):
+            return ",".join(value)
+        if isinstance(value, bool):
+            return "on" if value else "off"
+        if isinstance(value, float):
+            return f"{value:g}"
+        return str(value)
+
+    @property
+    def metavar(self) -> str:
+        if self.choices:
+            return "{" + ",".join(self.choices) + "}"
+        if self.parse is seconds:
+            return "SECONDS"
+        return self.dest.upper()
+
+
+# ---------------------------------------------------------------------------------- parsers
+def seconds(text: str) -> float:
+    """90, 90s, 15m, 2h, 1d."""
+    try:
+        return parse_duration(text)
+    except TimeParseError:
+        msg = "not a number of seconds"
+        raise ValueError(msg) from None
+
+
+def positive_int(text: str) -> int:
+    value = int(text.strip())
+    if value < 1:
+        msg = "must be at least 1"
+        raise ValueError(msg)
+    return value
+
+
+def boolean(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off", ""):
+        return False
+    msg = "not a boolean"
+    raise ValueError(msg)
+
+
+def choice(allowed: Sequence[str]) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        value = text.strip().lower()
+        if value not in allowed:
+            msg = f"must be one of {', '.join(allowed)}"
+            raise ValueError(msg)
+        return value
+
+    return parse
+
+
+def as_given(value: str) -> str:
+    """Any text, as given."""
+    return value
+
+
+def metadata_url(text: str) -> str:
+    """A cloud's instance metadata service: plain HTTP, e.g. http://169.254.169.254."""
+    url = text.strip().rstrip("/")
+    if not url.startswith("http://") or len(url) <= len("http://"):
+        msg = "the metadata service is plain HTTP; use http://HOST[:PORT]"
+        raise ValueError(msg)
+    return url
+
+
+def host_or_url(text: str) -> str:
+    """An API endpoint: a host name or a URL."""
+    url = text.strip().rstrip("/")
+    if not url or " " in url:
+        msg = "not a host or URL"
+        raise ValueError(msg)
+    return url
+
+
+def port(text: str) -> int:
+    value = int(text.strip())
+    if not 0 <= value <= 65535:
+        msg = "must be 0..65535 (0: any free port)"
+        raise ValueError(msg)
+    return value
+
+
+def file_in_existing_dir(text: str) -> str:
+    """An absolute path whose directory exists (the file need not)."""
+    path = os.path.abspath(os.path.expanduser(text.strip()))
+    directory = os.path.dirname(path)
+    if not os.path.isdir(directory):
+        msg = f"directory {directory} does not exist; create it or choose another path"
+        raise ValueError(msg)
+    if os.path.isdir(path):
+        msg = "is a directory; give a file path"
+        raise ValueError(msg)
+    return path

@@ -1,0 +1,154 @@
+"""The package's import graph, read from the source with `ast` (every `import`, at the top of a module
+or inside a function): no module imports `esiwrap.cli` but the entry points, and nothing imports
+its way back to itself. The option table gathers each deadline source's options, and the heavy
+source modules load only when a run names their sources."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+from esiwrap.deadline import registry
+from esiwrap.options import ALL_RUN_OPTIONS, SOURCE_OPTIONS
+
+PACKAGE = Path(registry.__file__).resolve().parent.parent
+ENTRY_POINTS = {"esiwrap._console", "esiwrap.__main__"}
+HEAVY_SOURCE_MODULES = (
+    "esiwrap.deadline.metadata", "esiwrap.deadline.spot", "esiwrap.deadline.volcengine_api",
+)
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(path): path for path in PACKAGE.rglob("*.py")}
+
+
+def imported_names(name: str) -> Iterator[str]:
+    """Every module name an `import` in `name` names (relative imports resolved), with
+    `from X import Y` also naming X.Y when that is a module."""
+    path = MODULES[name]
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*parts, *([node.module] if node.module else [])])
+            yield base
+            yield from (f"{base}.{alias.name}" for alias in node.names)
+
+
+def edges(name: str) -> set[str]:
+    """The package's modules that importing `name` runs: each imported module and the packages
+    above it (importing a.b.c runs a/__init__ and a/b/__init__ first), except the packages `name`
+    itself is in, which are already being imported."""
+    found = set()
+    for target in imported_names(name):
+        parts = target.split(".")
+        for end in range(1, len(parts) + 1):
+            module = ".".join(parts[:end])
+            if module in MODULES and module != name and not name.startswith(module + "."):
+                found.add(module)
+    return found
+
+
+GRAPH = {name: edges(name) for name in MODULES}
+
+
+def cycles() -> list[list[str]]:
+    """Tarjan's strongly connected components of more than one module (or a module importing itself)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        for target in sorted(GRAPH[module]):
+            if target not in index:
+                visit(target)
+                low[module] = min(low[module], low[target])
+            elif target in stack:
+                low[module] = min(low[module], index[target])
+        if low[module] == index[module]:
+            component = []
+            while True:
+                top = stack.pop()
+                component.append(top)
+                if top == module:
+                    break
+            if len(component) > 1 or module in GRAPH[module]:
+                found.append(sorted(component))
+
+    for module in sorted(GRAPH):
+        if module not in index:
+            visit(module)
+    return found
+
+
+def test_the_graph_reader_sees_every_kind_of_import() -> None:
+    """Top-level, function-level, relative and `from package import module` imports are edges;
+    the package of a module imported is one too."""
+    assert "esiwrap.options" in GRAPH["esiwrap.cli"]  # top level
+    assert "esiwrap.supervisor" in GRAPH["esiwrap.cli"]  # inside run()
+    assert "esiwrap.deadline.volcengine_api" in GRAPH["esiwrap.deadline.volcengine"]  # inside build()
+    assert {"esiwrap.deadline", "esiwrap.deadline.parse"} <= GRAPH["esiwrap.optiontypes"]
+    assert "esiwrap.integrations.verl" in GRAPH["esiwrap.integrations"]  # from ... import verl
+
+
+def test_only_the_entry_points_import_the_cli() -> None:
+    """`esiwrap.cli` is the top: the option table, the simulator's and `--what-if`'s
+    configuration and the Ray nodes' sources come from `esiwrap.options`."""
+    importers = {name for name, targets in GRAPH.items() if "esiwrap.cli" in targets}
+    assert importers == ENTRY_POINTS
+
+
+def test_the_import_graph_has_no_cycle() -> None:
+    """No module imports, however indirectly and wherever in its code, a module that imports it."""
+    assert cycles() == []
+
+
+def test_every_sources_options_are_in_the_table_once() -> None:
+    """Each source module's `OPTIONS` are in `SOURCE_OPTIONS` (after the general `--deadline`,
+    `--sources`, `--refresh`), its `NAMES` are `--sources` words; no flag, variable or source
+    name is declared twice."""
+    declared = [opt for module in registry.SOURCE_MODULES for opt in module.OPTIONS]
+    assert [opt.flag for opt in SOURCE_OPTIONS] == ["--deadline", "--sources", "--refresh",
+                                                    *(opt.flag for opt in declared)]
+    names = [name for module in registry.SOURCE_MODULES for name in module.NAMES]
+    assert tuple(names) == registry.KNOWN_SOURCES and len(set(names)) == len(names)
+    assert set(registry.DEFAULT_SOURCES) <= set(names)
+    flags = [opt.flag for opt in ALL_RUN_OPTIONS]
+    assert len(set(flags)) == len(flags)
+    assert len({opt.env for opt in ALL_RUN_OPTIONS}) == len(flags)
+
+
+def test_heavy_source_modules_load_only_for_the_sources_that_need_them() -> None:
+    """`esiwrap --help` and a run with local sources import no cloud source's machinery (the
+    metadata client, the spot poller, the ECS API); naming the cloud sources imports it."""
+    code = (
+        "import contextlib, io, sys\n"
+        "from esiwrap.cli import main\n"
+        "from esiwrap.deadline.registry import build_sources\n"
+        "from esiwrap.options import source_values\n"
+        "with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):\n"
+        "    main(['--help'])\n"
+        f"heavy = {HEAVY_SOURCE_MODULES!r}\n"
+        "build_sources(['cli', 'env'], source_values(), {}, 0.0)\n"
+        "print(sorted(m for m in heavy if m in sys.modules))\n"
+        "local = source_values(metadata_url='http://127.0.0.1:9', aws_metadata_url='http://127.0.0.1:9')\n"
+        "build_sources(['volcengine', 'aws-spot'], local, {}, 0.0)\n"
+        "print(sorted(m for m in heavy if m in sys.modules))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          check=True)
+    assert done.stdout.splitlines() == ["[]", str(sorted(HEAVY_SOURCE_MODULES))]

@@ -1,0 +1,88 @@
+"""The prior end to end (issue 17): a real trainer reports its checkpoint's size, esiwrap probes
+the storage the checkpoints go to (a real FUSE filesystem paced like network storage), plans its
+first save from the two and meets a deadline that the blind guess misses."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import slowfs
+from esiwrap_harness import PYTHON, TINY_TRAINER, EsiwrapRun
+
+from esiwrap.deadline.value import iso_epoch
+from esiwrap.errors import EXIT_CHECKPOINTED, EXIT_SAVE_MISSED
+from esiwrap.storage import measure_checkpoint, probe_bandwidth
+
+PACE_BPS = 8e6  # the filesystem's write speed: a 24 MB checkpoint takes 3 s or more
+FROZEN_MB = "24"
+
+
+@pytest.fixture(scope="module")
+def slow_storage(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    with slowfs.mounted(tmp_path_factory.mktemp("slowfs"), PACE_BPS) as mnt:
+        yield mnt
+
+
+def trainer_run(esiwrap, ckpt: Path, *flags: str) -> EsiwrapRun:
+    # A guess of 1 s (--save-duration 1 --unmeasured-factor 1) that the real save far exceeds.
+    return esiwrap("--deadline", "+30s", "--redundant-time", "2", "--save-duration", "1",
+                   "--unmeasured-factor", "1", "--final-margin", "1", "--stop-grace", "20", *flags, "--",
+                   PYTHON, str(TINY_TRAINER), "--ckpt-dir", str(ckpt), "--step-seconds", "0.5",
+                   "--frozen-mb", FROZEN_MB)
+
+
+def test_the_probe_measures_the_paced_storage_and_leaves_nothing(slow_storage: Path) -> None:
+    """The probe writes a bounded amount with fdatasync, finds about the filesystem's pace (FUSE
+    adds its own cost: slower, never faster) and removes its file."""
+    probe = probe_bandwidth(str(slow_storage))
+    assert probe.bandwidth_bps is not None and probe.error == ""
+    assert probe.bandwidth_bps <= PACE_BPS * 1.1
+    assert 0 < probe.written_bytes <= 128 << 20
+    assert not [p for p in os.listdir(slow_storage) if p.startswith(".esiwrap-probe-")]
+
+
+def test_a_size_reported_meets_a_deadline_the_guess_misses(esiwrap, slow_storage: Path) -> None:
+    """The same trainer and flags twice. Without the probe, the first save is planned on the 1 s
+    guess, comes 3.5 s before the deadline and cannot finish: exit 76. With it, `save_scheduled`
+    rests on the prior (the trainer's bytes at the probed speed) with an estimate above the real
+    save, which then completes before the deadline: exit 75."""
+    blind = trainer_run(esiwrap, slow_storage / "blind", "--no-probe-storage")
+    informed = trainer_run(esiwrap, slow_storage / "informed")
+    assert blind.finish(timeout=90) == EXIT_SAVE_MISSED
+    assert "a guess" in blind.first("save_scheduled")["why"]
+    assert informed.finish(timeout=90) == EXIT_CHECKPOINTED, informed.names()
+
+    attached = informed.first("trainer_attached")
+    assert attached["checkpoint_bytes"] > float(FROZEN_MB) * 1e6
+    probed = informed.first("storage_probed")
+    # the checkpoint directory does not exist before the first save: its nearest ancestor is probed
+    assert probed["path"] == str(slow_storage) and probed["bandwidth_mb_s"] > 0
+    planned = [e for e in informed.events if e["event"] == "save_scheduled" and "prior" in e["why"]]
+    assert planned, [e["why"] for e in informed.events if e["event"] == "save_scheduled"]
+    completed = informed.first("save_completed")
+    assert planned[-1]["save_estimate_s"] > completed["duration_s"]
+    assert completed["remaining_s"] > 0
+    deadline = iso_epoch(informed.first("deadline_resolved")["deadline"])
+    assert iso_epoch(completed["timestamp"]) < deadline
+    assert (slow_storage / "informed" / "latest.pt").stat().st_size > float(FROZEN_MB) * 1e6
+
+
+def test_a_previous_checkpoint_tells_its_size_and_speed(tmp_path: Path) -> None:
+    """A checkpoint directory's files: their bytes, and the speed from the time between the first
+    file's end and the last one's, when most bytes fall in that span."""
+    shards = tmp_path / "global_step_9"
+    shards.mkdir()
+    for i, (size, mtime) in enumerate([(1_000, 100.0), (4_000_000, 102.0), (4_000_000, 104.0)]):
+        path = shards / f"shard-{i}"
+        path.write_bytes(b"\0" * size)
+        os.utime(path, (mtime, mtime))
+    measured = measure_checkpoint(str(shards))
+    assert measured.written_bytes == 8_001_000
+    assert measured.bandwidth_bps == pytest.approx(8_000_000 / 4.0)
+    lone = tmp_path / "one.pt"
+    lone.write_bytes(b"\0" * 10)
+    only_size = measure_checkpoint(str(lone))
+    assert only_size.written_bytes == 10 and only_size.bandwidth_bps is None and only_size.error
+    assert measure_checkpoint(str(tmp_path / "missing")).error

@@ -1,0 +1,65 @@
+"""A real verl FSDP checkpoint of a tiny model, on CPU, to check esiwrap's size estimate against.
+
+    python tests/verl_checkpoint_driver.py WORKDIR
+
+Builds a tiny Llama from a config (no download), saves it to WORKDIR/model as a Hugging Face model
+directory in bfloat16, loads it as verl's actor does (fp32, FSDP2 over a one-rank gloo group), takes
+one AdamW step and writes a checkpoint with verl's own `FSDPCheckpointManager` (save_contents
+model, optimizer, extra) to WORKDIR/ckpt/global_step_1/actor. Prints one JSON line: the bytes on
+disk of every file, and the parameter count.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+
+
+def main(workdir: str) -> int:
+    with socket.socket() as probe:  # a free port for the one-rank process group
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1",
+                      LOCAL_RANK="0")
+    import torch
+    import torch.distributed as dist
+    from omegaconf import OmegaConf
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from transformers import LlamaConfig, LlamaForCausalLM
+    from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
+
+    dist.init_process_group("gloo")
+    model_dir = os.path.join(workdir, "model")
+    config = LlamaConfig(vocab_size=1024, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, torch_dtype="bfloat16")
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(model_dir)
+    model = LlamaForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32)  # verl: fp32 actor
+    mesh = init_device_mesh("cpu", (1,))
+    for layer in model.model.layers:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    tokens = torch.randint(0, config.vocab_size, (2, 8))
+    model(tokens, labels=tokens).loss.backward()
+    optimizer.step()
+    saved = ["model", "optimizer", "extra"]
+    contents = {"save_contents": saved, "load_contents": saved}
+    manager = FSDPCheckpointManager(model, optimizer, None, processing_class=None,
+                                    checkpoint_config=OmegaConf.create(contents))
+    root = os.path.join(workdir, "ckpt", "global_step_1")
+    manager.save_checkpoint(os.path.join(root, "actor"), global_step=1)
+    files = {os.path.relpath(os.path.join(r, f), root): os.path.getsize(os.path.join(r, f))
+             for r, _dirs, names in os.walk(root) for f in names}
+    params = sum(p.numel() for p in model.parameters())
+    total = sum(files.values())
+    print(json.dumps({"files": files, "total": total, "params": params, "model_dir": model_dir}))
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))
