@@ -22,7 +22,14 @@
   plus one save at the last boundary whose save is durable `reserve_s` before the deadline
   (following the deadline as it is announced).
 
-The trainer is the same for all three: it saves at a boundary when asked (or on its own every
+With uploads (the `upload` families), a checkpoint counts only once its upload ended before
+reclamation. The oracle saves at the last boundary whose save and upload both end in time; the
+reference's last save is the last one whose save and upload are durable `reserve_s` before the
+deadline; verl, which knows nothing of uploads, has each of its checkpoints uploaded after it, one
+at a time and the newest waiting one next (`esiwrap.replay.UploadLine`), as a user's script beside
+it would (so do the reference's checkpoints).
+
+The trainer is the same for all of them: it saves at a boundary when asked (or on its own every
 `own_save_every` steps: one save serves both), a synchronous save stops training for its whole
 length, an asynchronous one for its blocking part while the write goes on (a new save waits for
 the write in flight to finish). Time spent saving is not training: a run's progress is the
@@ -38,7 +45,7 @@ from traces import Scenario
 
 from esiwrap.controller import ControllerConfig
 from esiwrap.policy import PolicyConfig
-from esiwrap.replay import Outcome, Tally, Write, replay
+from esiwrap.replay import Outcome, Tally, UploadLine, Write, replay
 
 VERL_SAVE_S = 60.0  # should_save_ckpt_esi's save_ckpt_duration default; verl never passes another
 
@@ -54,14 +61,24 @@ def run_oracle(scenario: Scenario) -> Outcome:
         at = trained + wall_shift
         if at > scenario.reclaim_at:
             break
-        if at + scenario.saves[step - 1] <= scenario.reclaim_at:
+        if at + scenario.saves[step - 1] + _upload_s(scenario, step) <= scenario.reclaim_at:
             best = (step, at)
         if scenario.own_save(step):
-            tally.durable(tally.begin(step, at))
+            _durable(tally, tally.begin(step, at))
             wall_shift += scenario.blocking_s(step)
     if best is not None and (tally.saved_step is None or best[0] > tally.saved_step):
-        tally.durable(tally.begin(*best))
+        _durable(tally, tally.begin(*best))
     return tally.outcome()
+
+
+def _upload_s(scenario: Scenario, step: int) -> float:
+    return scenario.uploads[step - 1] if scenario.uploads is not None else 0.0
+
+
+def _durable(tally: Tally, write: Write) -> None:
+    """The oracle's write, and its upload right after it (the oracle never waits for another)."""
+    if tally.durable(write) and tally.trace.uploads is not None:
+        tally.uploaded(write.step, write.durable, write.durable + _upload_s(tally.trace, write.step))
 
 
 # ---------------------------------------------------------------------------------- verl
@@ -77,6 +94,14 @@ def verl_wants_save(remaining_s: float, max_steps_duration_s: float, redundant_s
 
 def run_verl(scenario: Scenario, redundant_s: float = 0.0) -> Outcome:
     tally = Tally(scenario)
+    uploads = UploadLine(scenario, tally) if scenario.uploads is not None else None
+
+    def durable(write: Write) -> bool:
+        done = tally.durable(write)
+        if done and uploads is not None:
+            uploads.add(write.step, write.durable)
+        return done
+
     now, longest = 0.0, 0.0
     in_flight: Write | None = None
     for step, duration in enumerate(scenario.steps, start=1):
@@ -88,11 +113,11 @@ def run_verl(scenario: Scenario, redundant_s: float = 0.0) -> Outcome:
         if verl_wants_save(scenario.deadline - boundary, longest, redundant_s) or scenario.own_save(step):
             if in_flight is not None:  # the previous write must finish first
                 now = max(now, in_flight.durable)
-                tally.durable(in_flight)
+                durable(in_flight)
                 in_flight = None
             write = tally.begin(step, now)
             if scenario.blocking is None:
-                if not tally.durable(write):
+                if not durable(write):
                     break
                 now = write.durable
             else:
@@ -100,13 +125,23 @@ def run_verl(scenario: Scenario, redundant_s: float = 0.0) -> Outcome:
             step_time = now - (boundary - duration)
         longest = max(longest, step_time)
     if in_flight is not None:
-        tally.durable(in_flight)
+        durable(in_flight)
+    if uploads is not None:
+        uploads.finish()
     return tally.outcome()
 
 
 # ---------------------------------------------------------------------------------- reference
 def run_reference(scenario: Scenario, reserve_s: float) -> Outcome:
     tally = Tally(scenario)
+    uploads = UploadLine(scenario, tally) if scenario.uploads is not None else None
+
+    def durable(write: Write) -> bool:
+        done = tally.durable(write)
+        if done and uploads is not None:
+            uploads.add(write.step, write.durable)
+        return done
+
     rate_per_s = scenario.surprise_rate_per_day / 86_400.0
     costs = [scenario.blocking_s(k) for k in range(1, len(scenario.steps) + 1)]
     cost = sum(costs) / len(costs) if costs else 0.0
@@ -129,28 +164,31 @@ def run_reference(scenario: Scenario, reserve_s: float) -> Outcome:
                 saved_for = deadline
             if in_flight is not None:  # the previous write must finish first
                 now = max(now, in_flight.durable)
-                tally.durable(in_flight)
+                durable(in_flight)
                 in_flight = None
             write = tally.begin(step, now)
             checkpoint_trained = trained
             if scenario.blocking is None:
-                if not tally.durable(write):
+                if not durable(write):
                     break
                 now = write.durable
             else:
                 now, in_flight = write.resumes, write
     if in_flight is not None:
-        tally.durable(in_flight)
+        durable(in_flight)
+    if uploads is not None:
+        uploads.finish()
     return tally.outcome()
 
 
 def _last_boundary_that_fits(scenario: Scenario, step: int, now: float, durable_by: float) -> bool:
-    """A save here is durable by `durable_by`, and one at the next boundary would not be."""
-    if now + scenario.saves[step - 1] > durable_by:
+    """A save here (and its upload) is durable by `durable_by`, and one at the next boundary would
+    not be."""
+    if now + scenario.saves[step - 1] + _upload_s(scenario, step) > durable_by:
         return False
     if step >= len(scenario.steps):
         return True
-    return now + scenario.steps[step] + scenario.saves[step] > durable_by
+    return now + scenario.steps[step] + scenario.saves[step] + _upload_s(scenario, step + 1) > durable_by
 
 
 # ---------------------------------------------------------------------------------- esiwrap

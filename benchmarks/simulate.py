@@ -286,6 +286,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="save-freq: the trainer's own save every N steps")
     g.add_argument("--async-block", type=float, default=d.async_block,
                    help="async: the part of a save that stops training")
+    g.add_argument("--upload-factor", type=_pair, default=d.upload_factor,
+                   help="upload: LOW,HIGH x the save that a checkpoint's upload takes")
     g.add_argument("--early-prob", type=float, default=d.early_prob, help="fraction of runs reclaimed early")
     g.add_argument("--early-max", type=float, default=d.early_max_s, help="how early at most, seconds")
     g.add_argument("--huge-save", type=_pair, default=d.huge_save_s, help="huge-*: LOW,HIGH seconds")
@@ -305,7 +307,7 @@ def params_from(ns: argparse.Namespace) -> Params:
         save_drift=ns.save_drift, renewal_s=ns.renewal, notice_s=ns.notice, learn_delay_s=ns.learn_delay,
         early_prob=ns.early_prob, early_max_s=ns.early_max, save_freq=ns.save_freq,
         async_block=ns.async_block, huge_save_s=ns.huge_save, spot_rate=ns.spot_rate,
-        prior_sigma=ns.prior_sigma, prior=ns.prior,
+        prior_sigma=ns.prior_sigma, prior=ns.prior, upload_factor=ns.upload_factor,
     )
 
 

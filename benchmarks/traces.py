@@ -27,6 +27,11 @@ and combinations and new shapes of run:
     big-renewal   big-save; the deadline is renewed in its last ten minutes, around the
                   insurance save (which must then be taken again for the new deadline)
     big-moving    big-save with a renewal and then a spot notice, as in moving
+    upload        constant, with `--upload`: each checkpoint is durable only once its upload ends,
+                  and an upload takes `upload_factor` (3-6, one per run) x the save, +-10 %
+    upload-big    big-save with uploads as in upload (6-36 minutes)
+    upload-resumed  upload-big, on a run that starts with the previous run's state file (its saves
+                  and uploads measured three times, within 5 % of this run's first)
 
 and at real scale:
 
@@ -85,6 +90,7 @@ class Params:
     prior: bool = True  # the trainer reports its checkpoint's bytes and the storage is probed
     prior_sigma: float = 0.5  # log-normal error of that prior against the real save
     spot_rate: float = 8.0  # surprise-spot: interruptions a day on spot capacity (esiwrap's default)
+    upload_factor: tuple[float, float] = (3.0, 6.0)
 
 
 Scenario = Trace  # one run of a family: `esiwrap.replay.Trace`
@@ -281,6 +287,28 @@ def huge_surprise_week(rng: random.Random, p: Params) -> Scenario:
     return _surprised(huge_save(rng, p), "huge-surprise-week", rng, 1.0 / 7.0, "reserved", WEEK_NODES)
 
 
+def _with_uploads(base: Scenario, family: str, rng: random.Random, p: Params) -> Scenario:
+    """The same run with `--upload`: a checkpoint's upload takes a few times its save."""
+    factor = rng.uniform(*p.upload_factor)
+    uploads = [_positive(rng.gauss(factor * s, p.jitter * factor * s), 0.1 * s) for s in base.saves]
+    return replace(base, family=family, uploads=uploads)
+
+
+def upload(rng: random.Random, p: Params) -> Scenario:
+    return _with_uploads(constant(rng, p), "upload", rng, p)
+
+
+def upload_big(rng: random.Random, p: Params) -> Scenario:
+    return _with_uploads(big_save(rng, p), "upload-big", rng, p)
+
+
+def upload_resumed(rng: random.Random, p: Params) -> Scenario:
+    base = _with_state_file(upload_big(rng, p), "upload-resumed", rng, p)
+    assert base.uploads is not None
+    prior = tuple(base.uploads[0] * rng.uniform(0.95, 1.05) for _ in range(3))
+    return replace(base, prior_uploads=prior)
+
+
 FAMILIES: dict[str, Callable[[random.Random, Params], Scenario]] = {
     "constant": constant,
     "jitter": jitter,
@@ -305,6 +333,9 @@ FAMILIES: dict[str, Callable[[random.Random, Params], Scenario]] = {
     "surprise-spot": surprise_spot,
     "big-surprise-day": big_surprise_day,
     "huge-surprise-week": huge_surprise_week,
+    "upload": upload,
+    "upload-big": upload_big,
+    "upload-resumed": upload_resumed,
 }
 SPOT_FAMILIES = frozenset({"moving", "big-moving"})  # a spot notice: the capacity is spot
 SURPRISE_FAMILIES = frozenset(f for f in FAMILIES if "surprise" in f)

@@ -12,6 +12,7 @@ type names are `esiwrap.messages`):
     {"type": "save_snapshot", "pid": P, "step": N, "duration_s": 0.4}   (asynchronous saves)
     {"type": "save_end", "pid": P, "step": N, "ok": true, "path": "...", "duration_s": 4.5,
      "error": "..."}
+    {"type": "start", "pid": P, "step": N, "resume_mode": "auto", "default_local_dir": "..."}
     {"type": "deadline", "pid": P, "source": "node:1a2b3c4d/env:MLP", "at": 1764470111.0,
      "raw": "...", "lead_s": 0, "detail": {"node_id": "...", "address": "..."}, "reason": "",
      "expected": false, "withdrawn": false}
@@ -20,7 +21,9 @@ type names are `esiwrap.messages`):
 verl's TaskRunner behind its driver); `hello.saves` false means "I take no part in saves" (ranks
 of a rank-0-only checkpoint). `save_begin`/`save_end` carry `"peer": true` when another node's
 esiwrap asked for the save (multi-node torchrun). A `deadline` is another node's deadline answer,
-relayed by a Ray driver (`esiwrap.integrations.ray_nodes`).
+relayed by a Ray driver (`esiwrap.integrations.ray_nodes`). A `start` says where training starts:
+the step the trainer's state is at (the checkpoint it loaded, 0 from scratch), sent by the verl hook
+once verl has loaded; without it, esiwrap takes the first step report's step minus one.
 """
 
 from __future__ import annotations

@@ -83,6 +83,7 @@ def supervisor_config(command: Sequence[str], values: Mapping[str, Any], run_id:
         run_id=run_id,
         state_file=values["state_file"],
         settings={opt.flag: values[opt.dest] for opt in RUN_OPTIONS},
+        upload=values["upload"],
     )
 
 
@@ -406,11 +407,13 @@ def build_report_parser() -> argparse.ArgumentParser:
     parser = OptionParser(prog="esiwrap report",
                      description="The timeline and figures of esiwrap runs from their JSON-lines log: "
                      "deadline and its changes, planned vs actual save signal, step and save "
-                     "estimates vs what happened, the stop, the exit code and the work at risk. "
-                     "Lines that are not esiwrap events are skipped; every run in the log is reported.")
-    parser.add_argument("log", nargs="?", default="-",
-                        help="a --log-file, or `journalctl -o cat -u esiwrap@JOB` output; "
-                        "- (default) reads stdin")
+                     "estimates vs what happened, the stop, the exit code and the work at risk; with "
+                     "several runs, the job across them (instances, reclamations, work lost, time "
+                     "saving and uploading). Lines that are not esiwrap events are skipped; every run "
+                     "in the logs is reported.")
+    parser.add_argument("log", nargs="*", default=["-"],
+                        help="a --log-file, or `journalctl -o cat -u esiwrap@JOB` output; several "
+                        "(one per instance) are read as one job; - (default) reads stdin")
     parser.add_argument("--json", action="store_true", help="one JSON object for machines")
     parser.add_argument("--last", action="store_true", help="only the last run in the log")
     parser.add_argument("--html", metavar="OUT.html",
@@ -426,27 +429,31 @@ def report_command(argv: Sequence[str]) -> int:
     from esiwrap import report
 
     ns = build_report_parser().parse_args(list(argv))
+    if ns.log.count("-") > 1:
+        fail("stdin (-) can be read only once; name the other logs as files")
     try:
-        lines = report.open_log(ns.log)
+        lines = report.open_logs(ns.log)
     except OSError as exc:
-        fail(f"{ns.log}: {exc.strerror or exc}; give a log file, or - for stdin")
+        failed = getattr(exc, "filename", None) or " ".join(ns.log)
+        fail(f"{failed}: {exc.strerror or exc}; give a log file, or - for stdin")
     events, skipped = report.run_events(lines, last_only=ns.last)
     if not events:
-        fail(f"{ns.log}: no esiwrap log lines in it ({skipped} other lines); "
+        fail(f"{' '.join(ns.log)}: no esiwrap log lines in it ({skipped} other lines); "
              "from the journal use `journalctl -o cat -u esiwrap@JOB | esiwrap report -`")
     if ns.html or ns.svg:
         _write_timelines(ns, events, skipped)
         if not ns.json:
             return EXIT_OK
     runs = [report.summarize(run) for run in events]
+    job = report.job_report(runs, events) if len(runs) > 1 else None
     replays = _what_ifs(events, ns.what_if) if ns.what_if is not None else None
     if ns.json:
-        document = json.loads(report.to_json(runs, skipped))
+        document = json.loads(report.to_json(runs, skipped, job))
         if replays is not None:
             document["what_if"] = [r.to_dict() if not isinstance(r, str) else {"error": r} for r in replays]
         print(json.dumps(document, indent=2))
         return EXIT_OK
-    print(report.render_text(runs, skipped), end="")
+    print(report.render_text(runs, skipped, job), end="")
     for run, replayed in zip(runs, replays or [], strict=False):
         from esiwrap import whatif
 
@@ -474,7 +481,7 @@ def _what_ifs(events: Sequence[Sequence[Any]], options: str) -> list[Any]:
 def _write_timelines(ns: argparse.Namespace, events: Sequence[Sequence[Any]], skipped: int) -> None:
     from esiwrap import timeline
 
-    source = "standard input" if ns.log == "-" else os.path.abspath(ns.log)
+    source = ", ".join("standard input" if log == "-" else os.path.abspath(log) for log in ns.log)
     outputs: list[tuple[str, str]] = []
     if ns.svg:
         outputs.append((ns.svg, timeline.render_svg(events)))

@@ -20,12 +20,22 @@ place that says when the loop must wake next:
                     is followed), or for good (`--after-save continue`)
     STOPPING        the stop signal went to the child; its grace period
     KILLING         SIGKILL went to the tree; the wait for it to vanish
+    UPLOADING       the child's tree is gone; the last checkpoint's upload (`--upload`) is ending:
+                    until it does, or until it must be cut off to exit before the deadline
+
+Uploads (`--upload`) run beside all of this, one at a time: after each completed save the
+controller asks the shell to start one (`StartUpload`), hears when it started and how it ended
+(`UploadStarted`, `UploadExited`), and exits 75 only when the last checkpoint's upload completed.
+An upload that is running when a newer save completes is left to finish (cutting it off would
+waste what it sent, and frequent saves would starve every upload); the newest checkpoint waiting
+is uploaded next, older waiting ones are skipped.
 """
 
 from __future__ import annotations
 
 import enum
 import math
+import posixpath
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -36,7 +46,7 @@ from esiwrap.choices import AfterSave, LogLevel, OnSigterm
 from esiwrap.deadline.chain import Answer, winner
 from esiwrap.deadline.remote import NODE_PREFIX
 from esiwrap.deadline.value import CapacityKind, Deadline, iso_utc
-from esiwrap.errors import EXIT_CHECKPOINTED, EXIT_FAILURE, EXIT_SAVE_MISSED
+from esiwrap.errors import EXIT_CHECKPOINTED, EXIT_FAILURE, EXIT_NOT_UPLOADED, EXIT_SAVE_MISSED
 from esiwrap.policy import (
     Capacity,
     Observations,
@@ -49,6 +59,7 @@ from esiwrap.policy import (
     replan,
     save_estimate_s,
     step_estimate_s,
+    upload_estimate_s,
 )
 from esiwrap.snapshot import Snapshot
 
@@ -56,6 +67,10 @@ KILL_WAIT_S = 5.0  # after SIGKILL, how long to wait for the tree to vanish
 STOP_TIMEOUT_MARGIN_S = 5.0  # asked of systemd on top of our own stop timeline
 DEADLINE_CHANGE_S = 1.0  # smaller moves are the same deadline said twice
 SAVE_WRITE_GRACE_FACTOR = 3.0  # a save being written may run this many estimates before it is cut off
+UPLOAD_TERM_GRACE_S = 2.0  # an upload cut off gets SIGTERM, then SIGKILL this much later
+UPLOAD_EXIT_MARGIN_S = 1.0  # ...and esiwrap is gone this much before the deadline
+UPLOAD_ATTEMPTS = 3  # a failed upload of the newest checkpoint is tried again, this many times in all
+UPLOAD_RETRY_S = (5.0, 30.0)  # the waits before the second and the third attempt
 
 
 # Inputs and actions are NamedTuples: as light to make as a tuple, and cheap to define (esiwrap's
@@ -70,6 +85,7 @@ class Mode(enum.Enum):
     CONTINUING = "continuing"
     STOPPING = "stopping"
     KILLING = "killing"
+    UPLOADING = "uploading"
 
 
 class Now(NamedTuple):
@@ -89,6 +105,12 @@ class ControllerConfig:
     stop_budget_s: float | None = None  # what the platform gives a stop before SIGKILL, if declared
     probe_storage: bool = True  # measure the checkpoint storage's speed before the first save
     probe_dir: str | None = None  # where to probe when no trainer names its checkpoint directory
+    local_checkpoints_survive: bool = False  # no checkpoint_not_durable warning for a local disk
+
+    @property
+    def uploads(self) -> bool:
+        """`--upload` is set: a checkpoint is durable once its upload completed."""
+        return self.policy.uploads
 
 
 # ---------------------------------------------------------------------------------- inputs
@@ -96,6 +118,7 @@ class ChildStarted(NamedTuple):
     pid: int
     argv: tuple[str, ...] = ()
     settings: Mapping[str, Any] = NO_FIELDS  # the run options, for the log
+    host: str = ""  # the machine's name: which instance this run was on (`esiwrap report`)
 
 
 class Hello(NamedTuple):
@@ -169,6 +192,42 @@ class SaveEnd(NamedTuple):
     peer: bool = False
 
 
+class TrainingStart(NamedTuple):
+    """Where the trainer's training starts: the step its state was at (verl: the global step after
+    loading its checkpoint; 0 from scratch), with what it says about how it resumes."""
+
+    pid: int
+    step: int
+    fields: Mapping[str, Any] = NO_FIELDS
+
+
+class UploadStarted(NamedTuple):
+    """The upload helper asked for by `StartUpload` runs."""
+
+    pid: int
+
+
+class UploadExited(NamedTuple):
+    """The upload helper ended (code 0: the checkpoint is uploaded), or could not start (`error`)."""
+
+    pid: int
+    code: int | None  # None when killed by a signal or never started
+    signal: str | None = None
+    stderr: tuple[str, ...] = ()  # its last lines
+    error: str = ""  # why it could not start
+
+
+class FilesystemChecked(NamedTuple):
+    """What holds a checkpoint's path (`esiwrap.durability`): kind local, memory, network, fuse,
+    cluster or unknown."""
+
+    path: str
+    kind: str
+    fstype: str
+    mount_point: str = ""
+    source: str = ""
+
+
 class DeadlineAnswers(NamedTuple):
     answers: tuple[Answer, ...]
 
@@ -194,7 +253,8 @@ class TreeChecked(NamedTuple):
 
 Input = (
     ChildStarted | Hello | CheckpointSize | StorageProbed | TrainerGone | Step | SaveBegin | SaveSnapshot
-    | SaveEnd | DeadlineAnswers | SignalReceived | ChildExited | TreeChecked
+    | SaveEnd | DeadlineAnswers | SignalReceived | ChildExited | TreeChecked | TrainingStart | UploadStarted
+    | UploadExited | FilesystemChecked
 )
 
 
@@ -226,11 +286,14 @@ class CheckTree:
 
 class KeepState(NamedTuple):
     """Write the job's state file (`--state-file`), if there is one: what this run measured, after
-    every completed save and once as the shell leaves (`Controller.finish`)."""
+    every completed save and upload and once as the shell leaves (`Controller.finish`)."""
 
     steps: tuple[float, ...]  # the step window
     saves: tuple[float, ...]  # this run's save durations
     blocking: tuple[float, ...]  # how long each save esiwrap asked for stopped training
+    uploads: tuple[float, ...] = ()  # this run's completed uploads' durations (`--upload`)
+    checkpoint: Checkpoint | None = None  # this run's last durable checkpoint, if any
+    uploaded: bool = False  # ...durable because its upload completed (else: it completed)
 
 
 class Log(NamedTuple):
@@ -262,11 +325,32 @@ class ProbeStorage(NamedTuple):
     max_bytes: int | None = None  # write no more than this (a checkpoint smaller than the probe)
 
 
-TRAINER_REPORTS = (Step, SaveBegin, SaveSnapshot, SaveEnd, CheckpointSize)
+class StartUpload(NamedTuple):
+    """Run the `--upload` command for this checkpoint (the shell reports UploadStarted or
+    UploadExited)."""
+
+    step: int
+    path: str
+    attempt: int = 1
+
+
+class StopUpload(NamedTuple):
+    """Send this signal to the running upload's process group (it is being cut off)."""
+
+    signal: str
+
+
+class CheckFilesystem(NamedTuple):
+    """Find out what holds this checkpoint path, off the loop (the shell reports FilesystemChecked)."""
+
+    path: str
+
+
+TRAINER_REPORTS = (Step, SaveBegin, SaveSnapshot, SaveEnd, CheckpointSize, TrainingStart)
 
 Action = (
     SendSignal | StopChild | KillTree | TermLeftovers | CheckTree | Log | NotifyStopping | ExtendStopTimeout
-    | KeepState | Exit | ProbeStorage
+    | KeepState | Exit | ProbeStorage | StartUpload | StopUpload | CheckFilesystem
 )
 PROBE_REPEAT_S = 6 * 3600.0  # while no save is measured, probe the storage again this often
 
@@ -300,11 +384,25 @@ class SaveRequest:
 
 
 class Checkpoint(NamedTuple):
-    """The last completed save: the step it holds and the wall time it completed (acknowledged).
-    (The boundary it was taken at, from which work is at risk, is `Observations.checkpoint_at`.)"""
+    """A completed save: the step it holds, the wall time it completed (acknowledged), and where
+    the trainer wrote it ("" when it named no path). (The boundary it was taken at, from which
+    work is at risk, is `Observations.checkpoint_at`.)"""
 
     step: int
     completed_at: float
+    path: str = ""
+
+
+@dataclass
+class UploadRun:
+    """The upload of one checkpoint, from StartUpload to UploadExited."""
+
+    checkpoint: Checkpoint
+    attempt: int
+    started_wall: float
+    started_mono: float
+    pid: int | None = None
+    cut_off: str = ""  # why esiwrap stopped it, once it did
 
 
 @dataclass
@@ -319,7 +417,8 @@ class Controller:
     """Inputs in, actions out. `handle`, `tick` and `finish` return the actions to carry out, in
     order; `wake_at` and `snapshot` only tell."""
 
-    def __init__(self, config: ControllerConfig, prior: Prior | None = None) -> None:
+    def __init__(self, config: ControllerConfig, prior: Prior | None = None,
+                 resume_from: Checkpoint | None = None) -> None:
         self.config = config
         self.mode = Mode.RUNNING
         self.obs = Observations(config.policy.step_window, prior)
@@ -353,6 +452,20 @@ class Controller:
         self._probe_again_at: float | None = None  # wall time of the next probe, while nothing is measured
         self._trainer_nodes = 1  # the most nodes a trainer's hello said its job spans
         self._node_sources: set[str] = set()  # other Ray nodes' sources that answered (node:<id>/…)
+        # The newest checkpoint that outlives the instance, as far as esiwrap knows: with --upload,
+        # the last one uploaded; without, the last one completed (its filesystem is the user's call).
+        self.durable_checkpoint: Checkpoint | None = None
+        self.upload: UploadRun | None = None  # running
+        self.upload_waiting: Checkpoint | None = None  # completed while another upload ran
+        self._upload_retry: tuple[Checkpoint, int, float] | None = None  # checkpoint, attempt, mono
+        self._upload_until: float | None = None  # monotonic, while UPLOADING: the cut-off, then the kill
+        self._upload_exit_reason = ""
+        self._upload_killed = False
+        self.uploads_completed_total = self.uploads_failed_total = 0
+        self._filesystem_asked = False
+        self._plan_awaits_upload = False  # no further save fits while this upload runs: decide at its end
+        self.resume_from = resume_from  # the durable checkpoint an earlier run recorded (state file)
+        self._resume_checked = False
 
     # ------------------------------------------------------------------ the two entry points
     def handle(self, input_: Input, now: Now) -> list[Action]:
@@ -387,6 +500,14 @@ class Controller:
                 self._on_child_exited(input_, now)
             case TreeChecked():
                 self._on_tree_checked(input_, now)
+            case TrainingStart():
+                self._on_training_start(input_, now)
+            case UploadStarted():
+                self._on_upload_started(input_, now)
+            case UploadExited():
+                self._on_upload_exited(input_, now)
+            case FilesystemChecked():
+                self._on_filesystem_checked(input_, now)
             case _:
                 msg = f"not an input of the controller: {input_!r}"
                 raise TypeError(msg)
@@ -427,14 +548,20 @@ class Controller:
             unattached = self._unattached_stop_at()
             if unattached is not None:
                 timers.append(unattached)
+            stop_at = self._latest_stop_at()
+            if self._plan_awaits_upload and self.mode is Mode.RUNNING and stop_at is not None:
+                timers.append(stop_at)  # the upload did not end in time to plan another save
         return timers
 
     def _mono_timers(self) -> list[float]:
+        timers = [] if self._upload_retry is None or self._exited else [self._upload_retry[2]]
         if self.mode is Mode.DRAINING and self._ack_until is not None:
-            return [self._ack_until]
-        if self.mode in (Mode.STOPPING, Mode.KILLING) and self.stop is not None:
-            return [self.stop.until]
-        return []
+            timers.append(self._ack_until)
+        elif self.mode in (Mode.STOPPING, Mode.KILLING) and self.stop is not None:
+            timers.append(self.stop.until)
+        elif self.mode is Mode.UPLOADING and self._upload_until is not None:
+            timers.append(self._upload_until)
+        return timers
 
     def _fire_timers(self, now: Now) -> None:
         """Fire due timers until none is: a timer's action can make another one due at once (a save
@@ -447,8 +574,14 @@ class Controller:
             self._fire_due_timer(now)
 
     def _fire_due_timer(self, now: Now) -> None:
-        """The timer of the current mode (`_wall_timers`, `_mono_timers`) that is due."""
+        """The timer of the current mode (`_wall_timers`, `_mono_timers`) that is due; first, in any
+        mode, the retry of a failed upload."""
+        if self._upload_retry is not None and now.mono >= self._upload_retry[2]:
+            self._retry_upload(now)
+            return
         match self.mode:
+            case Mode.UPLOADING:  # the wait for the last upload, then its cut-off
+                self._upload_timer(now)
             case Mode.CONTINUING:  # the latest moment the stop may begin (linger)
                 self._begin_stop("checkpoint complete", EXIT_CHECKPOINTED, now)
             case Mode.DRAINING:  # the wait for the acknowledgement
@@ -461,7 +594,7 @@ class Controller:
 
     def _deadline_timer(self, deadline: Deadline, now: Now) -> None:
         """The deadline itself, the latest graceful stop with nobody to save, the planned signal,
-        the next storage probe."""
+        the next storage probe, the latest stop while the plan waits for an upload's end."""
         unattached = self._unattached_stop_at()
         if now.wall >= deadline.at:
             self._deadline_reached(now)
@@ -472,6 +605,9 @@ class Controller:
         elif self.mode is Mode.RUNNING and self._probe_again_at is not None \
                 and now.wall >= self._probe_again_at:
             self._probe_again(now)
+        elif self.mode is Mode.RUNNING and self._plan_awaits_upload:
+            self._plan_awaits_upload = False
+            self._no_further_save(now)
 
     def _take(self) -> list[Action]:
         actions, self._out = self._out, []
@@ -484,7 +620,8 @@ class Controller:
     def _on_child_started(self, started: ChildStarted, now: Now) -> None:
         self.child_pid = started.pid
         settings = {"settings": dict(started.settings)} if started.settings else {}
-        self._log("info", ev.CHILD_STARTED, pid=started.pid, argv=list(started.argv), **settings)
+        host = {"host": started.host} if started.host else {}
+        self._log("info", ev.CHILD_STARTED, pid=started.pid, argv=list(started.argv), **host, **settings)
 
     def _on_hello(self, hello: Hello, now: Now) -> None:
         if hello.wants_signal and not hello.descendant:
@@ -599,8 +736,11 @@ class Controller:
     def _on_step(self, report: Step, now: Now) -> None:
         if report.pid != self._timing_pid():
             return
+        first = self.obs.last_step is None
         interval = self.obs.record_step(report.step, report.duration_s, now.wall)
         self._log("debug", ev.STEP_OBSERVED, step=report.step, duration_s=_round(interval))
+        if first:  # the first boundary after a start from step s is s + 1
+            self._check_resume(max(0, report.step - 1), NO_FIELDS, now)
         self._check_stop_budget()
         self._replan(now)
 
@@ -688,22 +828,169 @@ class Controller:
     def _save_completed(
         self, step: int, messages: list[SaveEnd], now: Now, *, requested: bool, kind: str = ""
     ) -> None:
-        """A checkpoint of `step` is complete: count it, log it, keep the job's state."""
+        """A checkpoint of `step` is complete: count it, log it, upload it or look at what holds
+        it, keep the job's state."""
         self.saves_completed_total += 1
-        self.last_checkpoint = Checkpoint(step, now.wall)
-        self._check_stop_budget()
         paths = sorted({m.path for m in messages if m.path})
+        self.last_checkpoint = Checkpoint(step, now.wall, checkpoint_path(paths))
+        self._check_stop_budget()
         self._log(
             "info", ev.SAVE_COMPLETED, step=step, requested=requested, kind=kind or None,
             duration_s=_round(max(m.duration_s for m in messages)),
             path=paths[0] if len(paths) == 1 else (paths or None),
             remaining_s=self._remaining(now),
         )
+        self._checkpoint_completed(self.last_checkpoint, now)
         self._keep_state()  # a new save measured: the next run plans with it even if this one dies
 
     def _keep_state(self) -> None:
         obs = self.obs
-        self._out.append(KeepState(tuple(obs.intervals), tuple(d for _, d in obs.saves), tuple(obs.blocking)))
+        self._out.append(KeepState(tuple(obs.intervals), tuple(d for _, d in obs.saves), tuple(obs.blocking),
+                                   tuple(obs.uploads), self.durable_checkpoint, self.config.uploads))
+
+    # ------------------------------------------------------------------ durability and uploads
+    def _checkpoint_completed(self, checkpoint: Checkpoint, now: Now) -> None:
+        """A checkpoint is complete on the trainer's storage: upload it, or look at what holds it."""
+        if not self.config.uploads:
+            self.durable_checkpoint = checkpoint
+            if checkpoint.path and not self._filesystem_asked and not self.config.local_checkpoints_survive:
+                self._filesystem_asked = True  # the first save with a path: is it on a local disk?
+                self._out.append(CheckFilesystem(checkpoint.path))
+            return
+        self._upload_retry = None  # a newer checkpoint replaces the one that failed
+        if self.upload is None:
+            self._start_upload(checkpoint, 1, now)
+            return
+        older = self.upload_waiting
+        if older is not None:
+            self._log("info", ev.UPLOAD_SKIPPED, step=older.step, path=older.path,
+                      superseded_by=checkpoint.step,
+                      reason="a newer checkpoint completed while an upload was running")
+        self.upload_waiting = checkpoint
+
+    def _on_filesystem_checked(self, checked: FilesystemChecked, now: Now) -> None:
+        if checked.kind != "local" or self.config.uploads:
+            return  # only a local disk is known to go with the instance
+        self._log("warning", ev.CHECKPOINT_NOT_DURABLE, path=checked.path, filesystem=checked.fstype,
+                  mount_point=checked.mount_point, device=checked.source,
+                  fix="the checkpoint is on this machine's local disk and goes with the instance: "
+                  "write checkpoints to storage that outlives it (a network or cluster filesystem), or "
+                  "copy each one with --upload CMD (e.g. --upload 'aws s3 cp --recursive {path} "
+                  "s3://BUCKET/job/{step}/'); if this disk survives, --local-checkpoints-survive")
+
+    def _start_upload(self, checkpoint: Checkpoint, attempt: int, now: Now) -> None:
+        self.upload = UploadRun(checkpoint, attempt, now.wall, now.mono)
+        self.obs.upload_began(now.wall)
+        self._out.append(StartUpload(checkpoint.step, checkpoint.path, attempt))
+
+    def _on_upload_started(self, started: UploadStarted, now: Now) -> None:
+        run = self.upload
+        if run is None:
+            return
+        run.pid = started.pid
+        self._log("info", ev.UPLOAD_STARTED, step=run.checkpoint.step, path=run.checkpoint.path,
+                  pid=started.pid, attempt=run.attempt,
+                  upload_estimate_s=_round(upload_estimate_s(self.obs, self.config.policy)),
+                  remaining_s=self._remaining(now))
+
+    def _on_upload_exited(self, exited: UploadExited, now: Now) -> None:
+        run = self.upload
+        if run is None or (run.pid is not None and exited.pid != run.pid):
+            return
+        self.upload = None
+        duration = max(0.0, now.mono - run.started_mono)
+        checkpoint = run.checkpoint
+        if exited.code == 0 and not exited.error:
+            self.obs.upload_ended(duration)
+            self.uploads_completed_total += 1
+            if self.durable_checkpoint is None or checkpoint.step >= self.durable_checkpoint.step:
+                self.durable_checkpoint = checkpoint
+            self._log("info", ev.UPLOAD_COMPLETED, step=checkpoint.step, path=checkpoint.path,
+                      duration_s=_round(duration), attempt=run.attempt, remaining_s=self._remaining(now))
+            self._keep_state()  # a durable checkpoint and an upload measured: the next run knows both
+        else:
+            self.obs.upload_ended(None)
+            self.uploads_failed_total += 1
+            fields: dict[str, Any] = {"code": exited.code, "signal": exited.signal}
+            if exited.error:
+                fields["error"] = exited.error
+            if run.cut_off:
+                fields["reason"] = run.cut_off
+            self._log("error", ev.UPLOAD_FAILED, step=checkpoint.step, path=checkpoint.path,
+                      duration_s=_round(duration), attempt=run.attempt, stderr=list(exited.stderr),
+                      remaining_s=self._remaining(now), **fields)
+            newest = self.upload_waiting is None and checkpoint == self.last_checkpoint
+            if newest and not run.cut_off and not exited.error and run.attempt < UPLOAD_ATTEMPTS \
+                    and self.mode is not Mode.UPLOADING:
+                wait = UPLOAD_RETRY_S[min(run.attempt, len(UPLOAD_RETRY_S)) - 1]
+                self._upload_retry = (checkpoint, run.attempt + 1, now.mono + wait)
+        waiting, self.upload_waiting = self.upload_waiting, None
+        if waiting is not None and not (self.mode is Mode.UPLOADING and run.cut_off):
+            self._start_upload(waiting, 1, now)
+        if self.mode is Mode.UPLOADING:
+            self._uploads_settled(now)
+        else:
+            self._plan_awaits_upload = False
+            self._replan(now)  # the upload is measured, and the next one need not wait for it
+
+    def _retry_upload(self, now: Now) -> None:
+        retry, self._upload_retry = self._upload_retry, None
+        if retry is not None and self.upload is None:
+            self._start_upload(retry[0], retry[1], now)
+
+    def _upload_outstanding(self) -> bool:
+        return self.upload is not None or self.upload_waiting is not None or self._upload_retry is not None
+
+    def _await_upload(self, reason: str, now: Now) -> None:
+        """The child's tree is gone, but the last checkpoint's upload is not done: wait for it, up
+        to the moment it must be cut off to exit before the deadline (without a deadline: up to
+        --stop-grace or three upload estimates, whichever is longer)."""
+        self.mode = Mode.UPLOADING
+        self._upload_exit_reason = reason
+        retry, self._upload_retry = self._upload_retry, None
+        if self.upload is None and retry is not None:
+            self._start_upload(retry[0], retry[1], now)  # no time to wait for the retry's turn
+        run = self.upload
+        assert run is not None
+        estimate = upload_estimate_s(self.obs, self.config.policy)
+        until = run.started_mono + max(self.config.stop_grace_s, SAVE_WRITE_GRACE_FACTOR * estimate)
+        if self.deadline is not None:  # never past the moment it must be cut off to exit in time
+            latest = self.deadline.at - UPLOAD_TERM_GRACE_S - UPLOAD_EXIT_MARGIN_S
+            until = min(until, now.mono + latest - now.wall)
+        self._upload_until = max(until, now.mono)
+        self._out.append(ExtendStopTimeout(self._upload_until - now.mono + UPLOAD_TERM_GRACE_S
+                                           + KILL_WAIT_S + STOP_TIMEOUT_MARGIN_S))
+
+    def _upload_timer(self, now: Now) -> None:
+        """While UPLOADING: cut the upload off (SIGTERM, then SIGKILL), then stop waiting for it."""
+        run = self.upload
+        if run is None:
+            self._uploads_settled(now)
+            return
+        if not run.cut_off:
+            near = self.deadline is not None and \
+                now.wall >= self.deadline.at - UPLOAD_TERM_GRACE_S - UPLOAD_EXIT_MARGIN_S - 0.5
+            run.cut_off = ("cut off: the deadline was too close to wait any longer" if near
+                           else "cut off: it took longer than esiwrap waits at a stop")
+            self._out.append(StopUpload("SIGTERM"))
+            self._upload_until = now.mono + UPLOAD_TERM_GRACE_S
+            self._upload_killed = False
+        elif not self._upload_killed:
+            self._upload_killed = True
+            self._out.append(StopUpload("SIGKILL"))
+            wait = KILL_WAIT_S  # for the reap; never past the deadline
+            if self.deadline is not None:
+                wait = min(wait, max(0.0, self.deadline.at - now.wall - 0.25))
+            self._upload_until = now.mono + wait
+        else:  # it survived SIGKILL: do not wait for it any longer
+            self.upload = None
+            self.upload_waiting = None
+            self._finish(self._upload_exit_reason, now)
+
+    def _uploads_settled(self, now: Now) -> None:
+        if self.upload is None:
+            self.upload_waiting = None
+            self._finish(self._upload_exit_reason, now)
 
     def _check_stop_budget(self) -> None:
         """A stop the platform cuts short (SIGKILL after `--stop-budget`) loses the checkpoint
@@ -724,6 +1011,48 @@ class Controller:
                   fix=f"raise the platform's stop budget to at least {math.ceil(needed)} s (docker stop -t, "
                   "terminationGracePeriodSeconds, TimeoutStopSec) and --stop-budget with it, or lower "
                   "--stop-grace if the trainer exits sooner")
+
+    # ------------------------------------------------------------------ resuming
+    def _on_training_start(self, start: TrainingStart, now: Now) -> None:
+        self._check_resume(max(0, start.step), start.fields, now)
+
+    def _check_resume(self, start_step: int, fields: Mapping[str, Any], now: Now) -> None:
+        """Did the trainer start from the checkpoint an earlier run left (`--state-file`)?"""
+        if self._resume_checked:
+            return
+        self._resume_checked = True
+        checkpoint = self.resume_from
+        if checkpoint is None:
+            return
+        redone = max(0, checkpoint.step - start_step)
+        facts = {"checkpoint_step": checkpoint.step, "start_step": start_step, "steps_redone": redone,
+                 "path": checkpoint.path or None, "checkpoint_at": iso_utc(checkpoint.completed_at)}
+        if redone == 0:
+            self._log("info", ev.RESUMED, **facts)
+            return
+        where = "from scratch" if start_step == 0 else f"from step {start_step}, before it"
+        self._log("warning", ev.RESUME_MISSED, **facts, started=where,
+                  causes=self._resume_causes(checkpoint, fields))
+
+    def _resume_causes(self, checkpoint: Checkpoint, fields: Mapping[str, Any]) -> list[str]:
+        path = checkpoint.path or "where the last run wrote it"
+        if fields.get("integration") == "verl" or "resume_mode" in fields:
+            mode, folder = fields.get("resume_mode"), fields.get("default_local_dir")
+            causes = []
+            if mode == "disable":
+                causes.append("trainer.resume_mode=disable: verl starts from scratch; set "
+                              "trainer.resume_mode=auto")
+            elif mode == "resume_path":
+                causes.append(f"trainer.resume_mode=resume_path: trainer.resume_from_path "
+                              f"({fields.get('resume_from_path')}) is not the checkpoint of step "
+                              f"{checkpoint.step} ({path})")
+            causes.append(f"trainer.default_local_dir ({folder or '?'}) must be the directory that holds "
+                          f"global_step_{checkpoint.step} and latest_checkpointed_iteration.txt "
+                          f"({path}), on this instance")
+            return causes
+        return [f"the trainer did not load the checkpoint of step {checkpoint.step} ({path}): check the "
+                "path it resumes from", "the checkpoint must be on this instance: copy it back from where "
+                "--upload put it before the trainer starts"]
 
     # ------------------------------------------------------------------ signals to esiwrap
     def _on_signal_received(self, received: SignalReceived, now: Now) -> None:
@@ -893,6 +1222,13 @@ class Controller:
         `linger`, until the stop must begin to end before the deadline (nothing trained now can be
         saved, but a deadline that moves later is followed); with `continue`, for good."""
         self.plan = None
+        stop_at = self._latest_stop_at()
+        if self.upload is not None and stop_at is not None and stop_at > now.wall:
+            # The upload running is the measurement (or the wait) that kept a further save out of
+            # the plan: decide again when it ends, training on meanwhile.
+            self._plan_awaits_upload = True
+            return
+        self._plan_awaits_upload = False
         if self.config.after_save == "continue":
             self.mode = Mode.CONTINUING
             self._log("info", ev.TRAINING_CONTINUES, reason="--after-save continue")
@@ -1017,6 +1353,11 @@ class Controller:
         if self.stop is not None:
             if immediate and self.mode is Mode.STOPPING:
                 self._kill(now)
+            elif immediate and self.mode is Mode.UPLOADING and self.upload is not None:
+                self.upload.cut_off = self.upload.cut_off or f"cut off: {reason}"
+                self._out.append(StopUpload("SIGKILL"))
+                self._upload_killed = True
+                self._upload_until = now.mono + KILL_WAIT_S
             return
         self.mode = Mode.STOPPING
         self.plan = None
@@ -1069,14 +1410,39 @@ class Controller:
             self._exit(stop.reason + " (processes survived SIGKILL)", now)
 
     def _exit(self, reason: str, now: Now) -> None:
+        """The child's tree is gone: exit, once the last checkpoint's upload has ended."""
+        if self._upload_outstanding() and self.mode is not Mode.UPLOADING:
+            self._await_upload(reason, now)
+            return
+        self._finish(reason, now)
+
+    def _finish(self, reason: str, now: Now) -> None:
         stop = self.stop
         assert stop is not None
+        if self._exited:
+            return
         if stop.exit_status is not None:
             code = stop.exit_status
         else:
             code = self.child_status if self.child_status is not None else EXIT_FAILURE
+        if code == EXIT_CHECKPOINTED and self.config.uploads and not self._last_checkpoint_uploaded():
+            code, reason = EXIT_NOT_UPLOADED, f"{reason}; {self._not_uploaded_reason()}"
         self._exited = True
         self._out.append(Exit(code, reason))
+
+    def _last_checkpoint_uploaded(self) -> bool:
+        last, durable = self.last_checkpoint, self.durable_checkpoint
+        return last is not None and durable is not None and durable.step >= last.step
+
+    def _not_uploaded_reason(self) -> str:
+        last, durable = self.last_checkpoint, self.durable_checkpoint
+        step = f"step {last.step}" if last is not None else "the last step"
+        text = f"checkpoint of {step} complete on local storage only: its upload did not finish"
+        if durable is not None:
+            text += f" (the last uploaded checkpoint holds step {durable.step})"
+        else:
+            text += " (no checkpoint of this run was uploaded)"
+        return text
 
     # ------------------------------------------------------------------ facts for people
     def _remaining(self, now: Now) -> float | None:
@@ -1108,7 +1474,22 @@ class Controller:
             requested_save_kind=request.kind if request else None,
             saving_step=max(request.begun.values()) if request and request.begun else None,
             stop_reason=self.stop.reason if self.stop else None,
+            durable_step=self.durable_checkpoint.step if self.durable_checkpoint else None,
+            uploading_step=self.upload.checkpoint.step if self.upload else None,
+            uploads_completed=self.uploads_completed_total, uploads_failed=self.uploads_failed_total,
         )
+
+
+def checkpoint_path(paths: list[str]) -> str:
+    """The one path a checkpoint was written to; for several (ranks writing apart), the directory
+    that holds them all; "" when the trainer named none."""
+    named = sorted({p for p in paths if p})
+    if len(named) <= 1:
+        return named[0] if named else ""
+    try:
+        return posixpath.commonpath(named)
+    except ValueError:  # absolute and relative paths mixed
+        return named[0]
 
 
 def _round(value: float) -> float | None:

@@ -18,6 +18,10 @@ RUN_ID_ENV = "ESIWRAP_RUN_ID"  # the run's `run_id`, as in every log line
 TRAINER_SIGTERM_ENV = "ESIWRAP_TRAINER_SIGTERM"
 TRAINER_SIGTERM_SAVE = "save"
 
+# Exported by esiwrap to the `--upload` command.
+CHECKPOINT_PATH_ENV = "ESIWRAP_CHECKPOINT_PATH"  # the checkpoint to upload (also `{path}`)
+CHECKPOINT_STEP_ENV = "ESIWRAP_CHECKPOINT_STEP"  # the step it holds (also `{step}`)
+
 # Read by esiwrap itself (besides the ESIWRAP_<OPTION> settings).
 COMMAND_ENV = "ESIWRAP_COMMAND"  # the command when none follows `--` (systemd environment files)
 LOG_FILE_ENV = "ESIWRAP_LOG_FILE"  # also the --log-file option's variable

@@ -7,6 +7,7 @@ EXIT_FAILURE = 1  # esiwrap's own failure, with a one-line reason
 EXIT_USAGE = 2
 EXIT_NO_DEADLINE = 3  # `esiwrap deadline`: no source answered
 EXIT_NOT_RUNNING = 3  # `esiwrap status`: no esiwrap is running (or none with that pid)
+EXIT_NOT_UPLOADED = 74  # EX_IOERR: checkpoint complete on local storage only; its upload did not finish
 EXIT_CHECKPOINTED = 75  # EX_TEMPFAIL: stopped after a completed checkpoint; resume elsewhere
 EXIT_SAVE_MISSED = 76  # stopped with no acknowledged checkpoint (deadline passed, or nothing attached)
 EXIT_NOT_EXECUTABLE = 126

@@ -14,5 +14,6 @@ SAVE_END = "save_end"  # the save is complete on disk (or failed)
 BYE = "bye"  # the trainer leaves (its process may live on)
 DEADLINE = "deadline"  # another node's deadline answer, relayed by a Ray driver
 CHECKPOINT = "checkpoint"  # what a checkpoint holds, once known or when it changed
+START = "start"  # where training starts: the step the trainer's state is at (the verl hook, after loading)
 
-ALL = frozenset({HELLO, STEP, SAVE_BEGIN, SAVE_SNAPSHOT, SAVE_END, BYE, DEADLINE, CHECKPOINT})
+ALL = frozenset({HELLO, STEP, SAVE_BEGIN, SAVE_SNAPSHOT, SAVE_END, BYE, DEADLINE, CHECKPOINT, START})

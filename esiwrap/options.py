@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import re
 import signal
 import sys
 import time
@@ -93,6 +94,16 @@ def _state_file(text: str) -> str:
     return path
 
 
+def _upload_command(text: str) -> str:
+    command = text.strip()
+    unknown = sorted({m for m in re.findall(r"(?<!\$)\{(\w*)\}", command) if m not in ("path", "step")})
+    if unknown:
+        msg = (f"unknown placeholder {{{unknown[0]}}}: the command may use {{path}} (the checkpoint, "
+               "shell-quoted) and {step}; e.g. --upload 'aws s3 cp --recursive {path} s3://bucket/job/{step}/'")
+        raise ValueError(msg)
+    return command
+
+
 def _signal_parser(allowed: Sequence[str]) -> Callable[[str], int]:
     def parse(text: str) -> int:
         signum = signal_number(text)
@@ -153,6 +164,14 @@ RUN_OPTIONS = (
     Option("--probe-storage", boolean, True, "false",
            "before the first save, measure how fast the checkpoint directory's storage takes writes "
            "(a bounded write, removed after); with the checkpoint's size it plans the first save"),
+    Option("--upload", _upload_command, None, "'aws s3 cp --recursive {path} s3://bucket/job/{step}/'",
+           "after each completed save, run this shell command ({path}, {step}); exit 75 only once "
+           "the last checkpoint's upload completed"),
+    Option("--upload-duration", seconds, 60.0, "600",
+           "the upload time expected until one is measured (times --unmeasured-factor for the "
+           "insurance save)"),
+    Option("--local-checkpoints-survive", boolean, False, "true",
+           "this machine's local disk outlives the instance: no checkpoint_not_durable warning"),
     Option("--step-window", positive_int, 100, "100", "how many recent step intervals to learn from"),
     Option("--step-quantile", _quantile, 0.99, "0.99 or max", "quantile of the window used as the step time"),
     Option("--final-save", boolean, True, "true", "after the insurance save, keep training and save again"),
@@ -194,6 +213,7 @@ OBSERVE_OPTIONS = (
 
 ALL_RUN_OPTIONS = SOURCE_OPTIONS + RUN_OPTIONS + LOG_OPTIONS + OBSERVE_OPTIONS
 BOOLEAN_FLAGS = {opt.flag for opt in ALL_RUN_OPTIONS if opt.parse is boolean}  # also as --no-X
+QUIET_NEGATIVES = {"--signal-child", "--local-checkpoints-survive"}  # off by default: --no-X not in --help
 # Every long option of a run, and whether it takes a value (the command splitter must know).
 RUN_FLAGS: dict[str, bool] = {
     **{opt.flag: opt.flag not in BOOLEAN_FLAGS for opt in ALL_RUN_OPTIONS},
@@ -259,6 +279,8 @@ def policy_config(values: Mapping[str, Any]) -> PolicyConfig:
         step_quantile=values["step_quantile"],
         final_save=values["final_save"],
         final_margin_s=values["final_margin"],
+        uploads=values["upload"] is not None,
+        upload_duration_s=values["upload_duration"],
     )
 
 
@@ -279,6 +301,7 @@ def controller_config(values: Mapping[str, Any]) -> ControllerConfig:
         probe_storage=values["probe_storage"],
         # the state file lives next to the checkpoints: its storage, when no trainer names one
         probe_dir=os.path.dirname(values["state_file"]) if values["state_file"] else None,
+        local_checkpoints_survive=values["local_checkpoints_survive"],
     )
 
 
@@ -323,7 +346,7 @@ def add_options(parser: argparse.ArgumentParser, options: Sequence[Option]) -> N
             parser.add_argument(opt.flag, dest=opt.dest, action="store_const", const="true",
                                 help=opt.help + env_note)
             parser.add_argument(negative, dest=opt.dest, action="store_const", const="false",
-                                help=argparse.SUPPRESS if opt.flag == "--signal-child" else "the opposite")
+                                help=argparse.SUPPRESS if opt.flag in QUIET_NEGATIVES else "the opposite")
         else:
             parser.add_argument(opt.flag, dest=opt.dest, metavar=opt.metavar, help=opt.help + env_note)
 
@@ -336,8 +359,9 @@ def build_run_parser() -> argparse.ArgumentParser:
         "       esiwrap {deadline,report,status,systemd-unit} ...",
         description="Run COMMAND and checkpoint it at the last safe moment before the capacity it "
         "runs on is reclaimed. Exit codes: the child's own; 75 stopped after a completed "
-        "checkpoint; 76 no acknowledged checkpoint before the deadline; 2 usage; 126/127 command "
-        "not executable/not found; 1 esiwrap failed.",
+        "checkpoint (with --upload: and its upload); 74 with --upload, the last checkpoint is complete "
+        "on local storage only (its upload did not finish); 76 no acknowledged checkpoint before the "
+        "deadline; 2 usage; 126/127 command not executable/not found; 1 esiwrap failed.",
     )
     parser.add_argument("--version", action="version", version=f"esiwrap {__version__}")
     add_options(parser, ALL_RUN_OPTIONS)

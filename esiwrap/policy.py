@@ -33,6 +33,12 @@ durations is extrapolated to the moment the planned save would run, and the esti
 of that and the longest save seen. Saves may be asynchronous: the blocking part (the snapshot)
 stops training, the durable part is what must end before the deadline.
 
+With `--upload`, a checkpoint is durable only once its upload has completed: the upload is the last
+part of the durable end, so a plan counts the save's durable estimate plus `upload_estimate_s`
+(measured uploads, else `--upload-duration`, with the insurance save's margins for every kind).
+One upload runs at a time; a save after the insurance save is planned only where its upload,
+started after the one running, still ends before the deadline.
+
 The supervisor's controller and `benchmarks/simulate.py` both drive this module; nothing here
 reads a clock.
 """
@@ -48,6 +54,7 @@ from typing import Literal
 from esiwrap.deadline.value import CapacityKind
 
 SAVE_SAFETY_FACTOR = 1.25  # insurance: checkpoint writes vary with disk and page cache
+UPLOAD_SAFETY_FACTOR = 1.5  # uploads cross a shared network: their times vary more than writes
 FINAL_SAVE_FACTOR = 1.05  # final saves: a late one loses nothing, so aim closer
 FINAL_STEP_QUANTILES = (0.5, 0.75, 0.9, 0.95, 0.99, 1.0)  # the candidates for a final save's step
 INSURANCE_WORTH_FACTOR = 10.0  # an insurance save must protect this many times its cost in work
@@ -91,6 +98,8 @@ class PolicyConfig:
     prior_sigma: float = PRIOR_ERROR_SIGMA  # the log-normal error of a save predicted from its size
     save_safety_factor: float = SAVE_SAFETY_FACTOR
     final_save_factor: float = FINAL_SAVE_FACTOR
+    uploads: bool = False  # `--upload`: a checkpoint is durable once its upload completed
+    upload_duration_s: float = 60.0  # what an upload is expected to take until one is measured
 
 
 @dataclass(frozen=True)
@@ -100,6 +109,7 @@ class Prior:
     steps: Sequence[float] = ()
     saves: Sequence[float] = ()
     blocking: Sequence[float] = ()  # the blocking part of asynchronous saves
+    uploads: Sequence[float] = ()  # `--upload`: how long the uploads of checkpoints took
 
 
 @dataclass(frozen=True)
@@ -142,18 +152,25 @@ class Observations:
         self.bandwidth_source = ""  # "probe", or "previous checkpoint": what measured it
         self.prior_pending = False  # a storage probe is under way: the prior is coming
         self.capacity = Capacity()
+        self.uploads: list[float] = []  # durations of this run's completed uploads
+        self.upload_started_at: float | None = None  # wall time the running upload began
         self._exclude_next_s = 0.0
         self.intervals.extend(self.prior.steps)
         self._sorted: list[float] | None = None  # the window sorted, until the next step
         # kept as saves are recorded (only ever appended): every plan reads them
         self._longest_save: float | None = max(self.prior.saves, default=None)
         self._longest_blocking: float | None = max(self.prior.blocking, default=None)
+        self._longest_upload: float | None = max(self.prior.uploads, default=None)
 
     def sorted_intervals(self) -> list[float]:
         """The window in ascending order (computed once per step: every plan reads it)."""
         if self._sorted is None:
             self._sorted = sorted(self.intervals)
         return self._sorted
+
+    @property
+    def longest_upload_s(self) -> float | None:
+        return self._longest_upload
 
     @property
     def longest_blocking_s(self) -> float | None:
@@ -205,6 +222,17 @@ class Observations:
         self._longest_blocking = max(blocking_s, self._longest_blocking or blocking_s)
         self._exclude_next_s += blocking_s
         self.step_started_at = at
+
+    def upload_began(self, at: float) -> None:
+        """An upload started at `at`: the next one cannot start before it ends."""
+        self.upload_started_at = at
+
+    def upload_ended(self, duration_s: float | None) -> None:
+        """The running upload ended; `duration_s` when it completed (a measurement), else None."""
+        self.upload_started_at = None
+        if duration_s is not None:
+            self.uploads.append(duration_s)
+            self._longest_upload = max(duration_s, self._longest_upload or duration_s)
 
     def record_requested_save(self, duration_s: float, at: float, began_at: float | None = None) -> None:
         """A save esiwrap asked for was acknowledged at `at`; a synchronous one (no snapshot was
@@ -267,8 +295,11 @@ def unmeasured_save_s(obs: Observations, config: PolicyConfig) -> float:
 
 def calibration_horizon_s(obs: Observations, config: PolicyConfig) -> float | None:
     """How far away the deadline must be for a calibration save to pay for itself; None when no
-    calibration is needed: with a prior, the first save is planned from knowledge, not a guess."""
-    if prior_save_s(obs) is not None or obs.prior_pending:
+    calibration is needed: a save was measured, or a prior plans the first one from knowledge, not a
+    guess; with `--upload`, an upload was measured too (no prior predicts one)."""
+    upload_guessed = config.uploads and obs.longest_upload_s is None
+    save_known = obs.measured or prior_save_s(obs) is not None or obs.prior_pending
+    if save_known and not upload_guessed:
         return None
     return max(CALIBRATION_MIN_HORIZON_S, CALIBRATION_HORIZON_FACTOR * unmeasured_save_s(obs, config))
 
@@ -310,6 +341,26 @@ def save_estimate_s(obs: Observations, config: PolicyConfig, kind: SaveKind = "i
         return prior if prior is not None else config.save_duration_s
     factor = config.final_save_factor if kind == "final" else config.save_safety_factor
     return measured * factor
+
+
+def upload_estimate_s(obs: Observations, config: PolicyConfig) -> float:
+    """What a checkpoint's upload adds to its durable end (0 without `--upload`): the longest
+    measured upload x UPLOAD_SAFETY_FACTOR, else `--upload-duration` x `--unmeasured-factor`.
+    Final saves get the same margin: a final save whose upload ends late is a checkpoint that
+    never became durable (and exit 74 instead of 75), not one that merely came late."""
+    if not config.uploads:
+        return 0.0
+    measured = obs.longest_upload_s
+    if measured is None:
+        return config.upload_duration_s * max(1.0, config.unmeasured_factor)
+    return measured * UPLOAD_SAFETY_FACTOR
+
+
+def upload_busy_until(obs: Observations, config: PolicyConfig) -> float | None:
+    """When the running upload is expected to end (the next one starts after it), or None."""
+    if obs.upload_started_at is None:
+        return None
+    return obs.upload_started_at + upload_estimate_s(obs, config)
 
 
 def save_cost_s(obs: Observations, config: PolicyConfig) -> float:
@@ -374,28 +425,40 @@ class SavePlan:
     step_estimate_s: float
     save_estimate_s: float
     reserve_s: float
-    nominal_at: float = 0.0  # deadline - (step + save + reserve): the plan while steps stay usual
+    nominal_at: float = 0.0  # deadline - (step + save + upload + reserve): the plan while steps stay usual
     why: str = ""  # one phrase for people: why this save
+    upload_estimate_s: float = 0.0  # `--upload`: the checkpoint is durable once its upload ended
 
 
 def plan_save(deadline: float, obs: Observations, config: PolicyConfig, kind: SaveKind) -> SavePlan:
     """The insurance or a final save against `deadline`."""
     save = save_estimate_s(obs, config, kind, at=deadline)
+    upload = upload_estimate_s(obs, config)
     reserve = config.final_margin_s if kind == "final" else config.redundant_s
-    cutoff = deadline - save - reserve
+    cutoff = deadline - save - upload - reserve  # the durable end: the save, then its upload
     if kind == "final":
         step = final_step_estimate_s(obs, config, cutoff - (obs.checkpoint_at or cutoff))
     else:
         step = step_estimate_s(obs, config)
     signal_at = latest_signal_at(cutoff, step, obs.step_started_at)
     nominal_at = cutoff - step if step is not None else signal_at
-    return SavePlan(kind, signal_at, step or 0.0, save, reserve, nominal_at, _why(kind, obs, save))
+    return SavePlan(kind, signal_at, step or 0.0, save, reserve, nominal_at, _why(kind, obs, save, upload),
+                    upload)
 
 
-def _why(kind: SaveKind, obs: Observations, save_s: float) -> str:
+def upload_waits_too_long(plan: SavePlan, deadline: float, obs: Observations, config: PolicyConfig) -> bool:
+    """The plan's upload would start after the running one and end past the deadline: a save after
+    the insurance save is then not worth taking (its checkpoint would never be durable)."""
+    busy_until = upload_busy_until(obs, config)
+    return busy_until is not None and busy_until + plan.upload_estimate_s + plan.reserve_s > deadline
+
+
+def _why(kind: SaveKind, obs: Observations, save_s: float, upload_s: float = 0.0) -> str:
+    upload = f" + its upload {upload_s:.0f}s" if upload_s else ""
     if kind == "final":
-        return "final: the last step boundary before the deadline that a measured save still fits"
-    return f"insurance: must land before the deadline; {save_basis(obs)}, planned as {save_s:.0f}s"
+        return ("final: the last step boundary before the deadline that a measured save still fits"
+                + (f" (with its upload, {upload_s:.0f}s)" if upload_s else ""))
+    return f"insurance: must land before the deadline; {save_basis(obs)}, planned as {save_s:.0f}s{upload}"
 
 
 def save_basis(obs: Observations) -> str:
@@ -451,7 +514,7 @@ def next_save(
         insurance = plan_save(deadline, obs, config, "insurance")
         horizon = calibration_horizon_s(obs, config)
         attached = obs.step_started_at is not None  # a trainer said what it knows (its size)
-        if not obs.measured and attached and horizon is not None and deadline - now > horizon:
+        if horizon is not None and attached and deadline - now > horizon:
             return _calibration(obs, config, now)
         if recent_checkpoint_insures(insurance, obs, config):
             return next_save(deadline, obs, config, 1, now)
@@ -467,10 +530,11 @@ def next_save(
     if not config.final_save:
         return None
     insurance = plan_save(deadline, obs, config, "insurance")
-    if insurance.signal_at >= now and not recent_checkpoint_insures(insurance, obs, config):
+    if insurance.signal_at >= now and not recent_checkpoint_insures(insurance, obs, config) \
+            and not upload_waits_too_long(insurance, deadline, obs, config):
         return insurance  # the last checkpoint is far back (an unmeasured guess): insure again
     plan = plan_save(deadline, obs, config, "final")
-    return plan if plan.signal_at >= now else None
+    return plan if plan.signal_at >= now and not upload_waits_too_long(plan, deadline, obs, config) else None
 
 
 def recent_checkpoint_insures(insurance: SavePlan, obs: Observations, config: PolicyConfig) -> bool:
@@ -499,7 +563,11 @@ def replan(
     """
     if decided is None or saves_done == 0:
         return next_save(deadline, obs, config, saves_done, now)
-    return plan_save(deadline, obs, config, decided.kind)
+    plan = plan_save(deadline, obs, config, decided.kind)
+    if config.uploads and (plan.signal_at < now - plan.reserve_s
+                           or upload_waits_too_long(plan, deadline, obs, config)):
+        return None  # a late final save loses nothing, but one whose upload cannot end in time would
+    return plan
 
 
 def renewal_reopens_insurance(deadline: float, obs: Observations, config: PolicyConfig, now: float) -> bool:
@@ -513,7 +581,7 @@ def renewal_reopens_insurance(deadline: float, obs: Observations, config: Policy
 
 def needed_s(plan: SavePlan) -> float:
     """How long before the deadline the plan needs its signal."""
-    return plan.step_estimate_s + plan.save_estimate_s + plan.reserve_s
+    return plan.step_estimate_s + plan.save_estimate_s + plan.upload_estimate_s + plan.reserve_s
 
 
 def moved_enough(old: float | None, new: float) -> bool:

@@ -8,7 +8,9 @@ the inputs the supervisor would (hello, a step report at each boundary, save beg
 end, deadline answers, a wake-up at every timer it asks for) and carries out its actions: the save
 signal raises the trainer's flag, seen at the trainer's next boundary (one sent while a step report
 is handled is seen at the boundary after), and any stop ends training. The run keeps what its last
-durable save holds.
+durable save holds. With uploads (`Trace.uploads`, the run has `--upload`), a checkpoint is durable
+only once its upload ended before reclamation; the controller starts each upload (`StartUpload`),
+one at a time, and they go on after training stops, until the controller exits.
 
 `benchmarks/simulate.py` replays synthetic traces against verl's rule and an oracle;
 `esiwrap report --what-if` replays a real run's measured durations with other settings.
@@ -17,7 +19,7 @@ durable save holds.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from esiwrap import controller as core
 from esiwrap.controller import Controller, ControllerConfig, Now
@@ -53,6 +55,8 @@ class Trace:
     surprise_rate_per_day: float = 0.0  # the true rate of interruptions with no notice, for the
     # reference policy; reclaim_at is already the first of them when it came before the deadline's
     surprised: bool = False  # ...and then this is true: the run never met its deadline
+    uploads: list[float] | None = None  # `--upload`: the upload of a checkpoint of step k takes uploads[k-1]
+    prior_uploads: tuple[float, ...] = ()  # the previous run's state file: measured uploads
 
     def blocking_s(self, step: int) -> float:
         """How long a save at this step's boundary stops training."""
@@ -90,6 +94,7 @@ class Outcome:
     saving_s: float  # wall time training stood still for saves, up to reclamation
     completed: tuple[Write, ...] = ()  # the saves that became durable, in order
     surprised: bool = False  # an interruption with no notice ended the run before its deadline
+    uploading_s: float = 0.0  # wall time uploads ran, up to reclamation
 
     @property
     def missed(self) -> bool:
@@ -108,6 +113,7 @@ class Tally:
         self.saves = 0
         self.saving_s = 0.0
         self.completed: list[Write] = []
+        self.uploading_s = 0.0  # wall time uploads ran, up to reclamation
 
     def begin(self, step: int, at: float, kind: str = "") -> Write:
         self.saves += 1
@@ -119,10 +125,22 @@ class Tally:
         """The write is on disk if it ended before reclamation; then it holds its step."""
         if write.durable > self.trace.reclaim_at:
             return False
-        if self.saved_step is None or write.step > self.saved_step:
-            self.saved_step = write.step
+        if self.trace.uploads is None:
+            self._holds(write.step)
         self.completed.append(write)
         return True
+
+    def uploaded(self, step: int, began: float, ended: float) -> bool:
+        """An upload ran from `began` to `ended`: the checkpoint is durable if it ended in time."""
+        self.uploading_s += max(0.0, min(ended, self.trace.reclaim_at) - began)
+        if ended > self.trace.reclaim_at:
+            return False
+        self._holds(step)
+        return True
+
+    def _holds(self, step: int) -> None:
+        if self.saved_step is None or step > self.saved_step:
+            self.saved_step = step
 
     def cut_short(self, write: Write, stopped_at: float) -> None:
         """esiwrap's stop came while training stood still for this save: count only until then."""
@@ -132,10 +150,44 @@ class Tally:
     def outcome(self) -> Outcome:
         progress = self.progress[self.saved_step - 1] if self.saved_step is not None else 0.0
         return Outcome(self.saved_step, progress, self.trace.reclaim_at, self.saves, self.saving_s,
-                       tuple(self.completed), self.trace.surprised)
+                       tuple(self.completed), self.trace.surprised, self.uploading_s)
+
+
+class UploadLine:
+    """Uploads one at a time, for the baselines: a checkpoint completed while one runs waits, and
+    only the newest waiting one is uploaded next (what esiwrap's controller does)."""
+
+    def __init__(self, trace: Trace, tally: Tally) -> None:
+        self.trace, self.tally = trace, tally
+        self.running: tuple[int, float, float] | None = None  # step, began, ends
+        self.waiting: tuple[int, float] | None = None  # step, ready since
+
+    def add(self, step: int, ready: float) -> None:
+        self.advance(ready)
+        if self.running is None:
+            self._start(step, ready)
+        else:
+            self.waiting = (step, ready)
+
+    def advance(self, until: float) -> None:
+        while self.running is not None and self.running[2] <= until:
+            step, began, ends = self.running
+            self.running = None
+            self.tally.uploaded(step, began, ends)
+            if self.waiting is not None:
+                waiting, self.waiting = self.waiting, None
+                self._start(waiting[0], ends)
+
+    def finish(self) -> None:
+        self.advance(math.inf)
+
+    def _start(self, step: int, at: float) -> None:
+        assert self.trace.uploads is not None
+        self.running = (step, at, at + self.trace.uploads[step - 1])
 
 
 TRAINER_PID = 1000  # the simulated trainer is the direct child and says hello at once
+UPLOAD_PID = 2000  # the simulated upload helper
 
 
 class _Shell:
@@ -144,17 +196,22 @@ class _Shell:
     The controller is esiwrap's own `esiwrap.controller.Controller`; this shell only carries out its
     actions: the save signal raises the trainer's flag (seen at the trainer's next boundary), and
     any stop ends training (the run keeps what its last durable save holds). An asynchronous
-    write in flight reports its end when it is durable, in time order with everything else.
+    write in flight reports its end when it is durable, and an upload its end when it is over, in
+    time order with everything else.
     """
 
     def __init__(self, trace: Trace, config: ControllerConfig, tally: Tally) -> None:
-        prior = Prior(trace.prior_steps, trace.prior_saves) if trace.prior_saves else None
+        prior = Prior(trace.prior_steps, trace.prior_saves, (), trace.prior_uploads) \
+            if trace.prior_saves or trace.prior_uploads else None
         self.controller = Controller(config, prior=prior)
         self.tally = tally
+        self.trace = trace
         self.now = 0.0
         self.flag = False  # the trainer's save flag, raised by the save signal
         self.stopped_at: float | None = None
+        self.exited = False
         self.in_flight: Write | None = None
+        self.upload: tuple[int, float, float] | None = None  # step, began, ends
         self.changes = sorted(trace.changes, key=lambda c: c.at)
         self.capacity = trace.capacity
         self.feed(core.ChildStarted(TRAINER_PID))
@@ -169,9 +226,15 @@ class _Shell:
         return self.stopped_at is not None
 
     def feed(self, input_: core.Input) -> None:
-        self._apply(self.controller.handle(input_, Now(self.now, self.now)))
+        """Hand over one input; what carrying out its actions produced (an upload started, a probe
+        measured) follows in order, as in the supervisor."""
+        queue = [input_]
+        while queue:
+            queue.extend(self._apply(self.controller.handle(queue.pop(0), Now(self.now, self.now))))
 
-    def _apply(self, actions: list[core.Action]) -> None:
+    def _apply(self, actions: list[core.Action]) -> list[core.Input]:
+        """Carry out the actions; return the inputs that follow from them."""
+        follow: list[core.Input] = []
         probed = False
         for action in actions:
             if isinstance(action, core.SendSignal) and TRAINER_PID in action.pids \
@@ -181,27 +244,71 @@ class _Shell:
                 self.stopped_at = self.now
             elif isinstance(action, core.ProbeStorage) and action.path is not None:
                 probed = True
+            elif isinstance(action, core.StartUpload) and self.trace.uploads is not None:
+                began = self.now
+                self.upload = (action.step, began, began + self.trace.uploads[action.step - 1])
+                follow.append(core.UploadStarted(UPLOAD_PID))
+            elif isinstance(action, core.StopUpload) and self.upload is not None:
+                step, began, _ = self.upload
+                self.upload = None  # cut off: the checkpoint stays local
+                self.tally.uploaded(step, began, math.inf)
+                follow.append(core.UploadExited(UPLOAD_PID, None, action.signal))
+            if isinstance(action, core.Exit):
+                self.exited = True
         if probed:  # the probe's answer: its error was drawn with the trace (a second of writing: 0 here)
-            self.feed(core.StorageProbed("sim", self.probe_bps))
+            follow.append(core.StorageProbed("sim", self.probe_bps))
+        return follow
 
-    def advance(self, until: float) -> None:
-        """Timers, deadline announcements and a write becoming durable, up to `until`, in order."""
-        while not self.stopped:
+    def advance(self, until: float, *, after_stop: bool = False) -> None:
+        """Timers, deadline announcements, a write becoming durable and an upload ending, up to
+        `until`, in order (`after_stop`: training is over, the uploads and the timers go on)."""
+        while not self.exited and (after_stop or not self.stopped):
             wait = self.controller.wake_at(Now(self.now, self.now))
             timer = math.inf if wait is None else self.now + wait
-            change_at = self.changes[0].at if self.changes else math.inf
+            change_at = self.changes[0].at if self.changes and not after_stop else math.inf
             durable_at = self.in_flight.durable if self.in_flight is not None else math.inf
-            first = min(timer, change_at, durable_at)
+            upload_at = self.upload[2] if self.upload is not None else math.inf
+            first = min(timer, change_at, durable_at, upload_at)
             if first > until:
                 break
             self.now = max(self.now, first)
             if durable_at == first:
                 self.finish_write()
+            elif upload_at == first:
+                self.finish_upload()
             elif change_at == first:
                 self.feed(core.DeadlineAnswers((self._answer(self.changes.pop(0).deadline),)))
             else:
-                self._apply(self.controller.tick(Now(self.now, self.now)))
+                for input_ in self._apply(self.controller.tick(Now(self.now, self.now))):
+                    self.feed(input_)
         self.now = max(self.now, until)
+
+    def finish_upload(self) -> None:
+        assert self.upload is not None
+        step, began, ends = self.upload
+        self.upload = None
+        if self.tally.uploaded(step, began, ends):
+            self.feed(core.UploadExited(UPLOAD_PID, 0))
+        else:  # still running when the capacity went: nothing more happens in this run
+            self.exited = True
+
+    def wind_down(self) -> None:
+        """Training is over: the child's tree is gone, the uploads finish or are cut off."""
+        if self.trace.uploads is None:
+            return
+        if self.in_flight is not None:
+            self.advance(self.in_flight.durable, after_stop=True)
+        self.stopped_at = self.now if self.stopped_at is None else self.stopped_at
+        if self.controller.stop is not None:
+            self.feed(core.ChildExited(TRAINER_PID, 0))
+            self.feed(core.TreeChecked(0))
+        while not self.exited and self.now <= self.trace.reclaim_at:
+            wait = self.controller.wake_at(Now(self.now, self.now))
+            nxt = min(self.now + wait if wait is not None else math.inf,
+                      self.upload[2] if self.upload is not None else math.inf)
+            if nxt == math.inf:
+                break
+            self.advance(nxt, after_stop=True)
 
     def _answer(self, deadline: float) -> Answer:
         return Answer("sim", deadline=Deadline(at=deadline, source="sim"), capacity=self.capacity)
@@ -217,6 +324,8 @@ class _Shell:
 def replay(trace: Trace, config: PolicyConfig | ControllerConfig) -> Outcome:
     tally = Tally(trace)
     full = config if isinstance(config, ControllerConfig) else ControllerConfig(policy=config)
+    if trace.uploads is not None and not full.uploads:  # a run with uploads is a run with --upload
+        full = replace(full, policy=replace(full.policy, uploads=True))
     shell = _Shell(trace, full, tally)
     last_boundary = 0.0
     for step, duration in enumerate(trace.steps, start=1):
@@ -235,6 +344,7 @@ def replay(trace: Trace, config: PolicyConfig | ControllerConfig) -> Outcome:
             break
     if shell.in_flight is not None and not shell.stopped:
         shell.advance(shell.in_flight.durable)
+    shell.wind_down()
     return tally.outcome()
 
 

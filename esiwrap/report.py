@@ -5,8 +5,12 @@ Input is whatever holds the lines: a `--log-file`, `journalctl -o cat -u esiwrap
 cut short when the instance went away. A line counts when it holds a JSON object with `event`,
 `timestamp` and `run_id`; anything else, a truncated last line included, is skipped and counted.
 
-A log can hold several runs (restarts of a unit, runs appended to one file). Each run is
-reported on its own, in the order it started; `--last` keeps only the last one.
+A log can hold several runs (restarts of a unit, runs appended to one file), and several logs can
+be given (one per instance): each run is reported on its own, in the order it started; `--last`
+keeps only the last one. With more than one run, the job across them follows (`JobReport`): each
+run's instance and deadline source, its exit, the work lost when it ended (training after its last
+durable checkpoint, and the steps the next run redid because it started further back), the time
+spent saving and uploading, and the totals.
 
 The figures per run: the deadline, its source and every change; each save asked for, with the
 planned and the actual signal time, the wait for the step boundary against the step estimate,
@@ -17,6 +21,7 @@ the end of the run (or, for a log that just stops, the deadline).
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -32,6 +37,7 @@ from esiwrap.errors import (
     EXIT_FAILURE,
     EXIT_NOT_EXECUTABLE,
     EXIT_NOT_FOUND,
+    EXIT_NOT_UPLOADED,
     EXIT_OK,
     EXIT_SAVE_MISSED,
     EXIT_USAGE,
@@ -46,6 +52,7 @@ _HEAD_KEYS = frozenset({"timestamp", "level", "event", "run_id"})
 EXIT_MEANINGS = {
     EXIT_OK: "the command finished",
     EXIT_CHECKPOINTED: "stopped after a completed checkpoint: resume on the next instance",
+    EXIT_NOT_UPLOADED: "checkpoint complete on local storage only: its upload did not finish",
     EXIT_SAVE_MISSED: "no acknowledged checkpoint before the deadline",
     EXIT_USAGE: "usage error",
     EXIT_FAILURE: "esiwrap failed, or the command exited with 1",
@@ -144,6 +151,8 @@ class RunReport:
     exit_meaning: str | None = None
     exit_reason: str | None = None
     work_at_risk: dict[str, Any] = field(default_factory=dict)
+    uploads: list[dict[str, Any]] = field(default_factory=list)  # --upload: each upload's end
+    resume: dict[str, Any] | None = None  # resumed / resume_missed: where the trainer started
     warnings: list[dict[str, Any]] = field(default_factory=list)
     timeline: list[dict[str, Any]] = field(default_factory=list)
 
@@ -160,6 +169,7 @@ def summarize(events: Sequence[Event]) -> RunReport:
     _saves(report, events)
     _steps(report, events)
     _ending(report, events)
+    _uploads_and_resume(report, events)
     report.work_at_risk = _work_at_risk(report, events, start, end)
     report.warnings = [_brief(e, start) for e in events
                        if e.get("level") in ("warning", "error", "critical")]
@@ -278,6 +288,23 @@ def _ending(report: RunReport, events: Sequence[Event]) -> None:
             report.exit_meaning = exit_meaning(report.exit_code)
 
 
+def _uploads_and_resume(report: RunReport, events: Sequence[Event]) -> None:
+    for e in events:
+        name = e["event"]
+        if name in (ev.UPLOAD_COMPLETED, ev.UPLOAD_FAILED):
+            upload = {"at": e["timestamp"], "step": e.get("step"), "path": e.get("path"),
+                      "outcome": "completed" if name == ev.UPLOAD_COMPLETED else "failed",
+                      "duration_s": e.get("duration_s"), "attempt": e.get("attempt")}
+            if name == ev.UPLOAD_FAILED:
+                upload.update(code=e.get("code"), signal=e.get("signal"),
+                              reason=e.get("reason") or e.get("error"), stderr=e.get("stderr"))
+            report.uploads.append(upload)
+        elif name in (ev.RESUMED, ev.RESUME_MISSED) and report.resume is None:
+            report.resume = {"from_checkpoint": name == ev.RESUMED,
+                             **{key: e.get(key) for key in ("checkpoint_step", "start_step",
+                                                            "steps_redone", "causes")}}
+
+
 def exit_meaning(code: Any) -> str | None:
     if not isinstance(code, int):
         return None
@@ -291,6 +318,9 @@ def exit_meaning(code: Any) -> str | None:
 def _work_at_risk(report: RunReport, events: Sequence[Event], start: float, end: float) -> dict[str, Any]:
     """Training time after the last completed checkpoint, up to where the run's work ended."""
     saved = [e for e in events if e["event"] == ev.SAVE_COMPLETED]
+    if any(e["event"] == ev.UPLOAD_STARTED for e in events):  # --upload: durable once uploaded
+        uploaded = {e.get("step") for e in events if e["event"] == ev.UPLOAD_COMPLETED}
+        saved = [e for e in saved if e.get("step") in uploaded]
     deadline = _final_deadline(report)
     if report.complete:
         until, until_what = end, "the end of the run"
@@ -304,7 +334,8 @@ def _work_at_risk(report: RunReport, events: Sequence[Event], start: float, end:
     if saved:
         last = saved[-1]
         since = iso_epoch(last["timestamp"])
-        risk.update(since=last["timestamp"], since_what=f"checkpoint of step {last.get('step')}")
+        risk.update(since=last["timestamp"], since_what=f"checkpoint of step {last.get('step')}",
+                    step=last.get("step"))
     else:
         since = start
         risk.update(since=iso_utc(start), since_what="the start of the run, no checkpoint in it")
@@ -366,13 +397,153 @@ def run_events(lines: Iterable[str], *, last_only: bool = False) -> tuple[list[l
     return (runs[-1:] if last_only else runs), found.skipped
 
 
+# ---------------------------------------------------------------------- the job across runs
+@dataclass
+class JobRun:
+    """One run as the job sees it: where it ran, how it ended, what it cost and lost."""
+
+    run_id: str
+    started_at: str
+    ended_at: str
+    duration_s: float
+    instance: str | None  # the cloud's instance id when a source named it, else the host name
+    deadline_source: str | None
+    exit_code: int | None
+    exit_meaning: str | None
+    start_step: int | None  # where its trainer started (resumed / resume_missed)
+    last_step: int | None  # the last step it reached, as far as the log tells
+    checkpoint_step: int | None  # its last durable checkpoint (with --upload: uploaded)
+    lost_s: float  # training after that checkpoint, to the end of the run: lost when it ended
+    lost_steps: int | None  # the same in steps, when the log has both
+    steps_redone: int = 0  # steps the next run redid because it started before this checkpoint
+    saving_s: float = 0.0
+    uploading_s: float = 0.0
+    saves: int = 0
+    uploads_completed: int = 0
+    uploads_failed: int = 0
+
+
+@dataclass
+class JobReport:
+    runs: list[JobRun]
+    started_at: str
+    ended_at: str
+    wall_s: float
+    lost_s: float  # every run's lost training, summed
+    lost_steps: int
+    steps_redone: int
+    saving_s: float
+    uploading_s: float
+    reclamations: int  # runs that ended with the capacity: stopped for a deadline, or the log stops
+
+
+def job_report(reports: Sequence[RunReport], events: Sequence[Sequence[Event]]) -> JobReport:
+    """The job across its runs (each run's report and events, in the order they started)."""
+    runs = [_job_run(report, run) for report, run in zip(reports, events, strict=True)]
+    for earlier, later in itertools.pairwise(runs):
+        resume = next((r.resume for r in reports if r.run_id == later.run_id), None)
+        redone = resume.get("steps_redone") if resume else None
+        if isinstance(redone, int) and not isinstance(redone, bool):
+            earlier.steps_redone = max(0, redone)
+        elif later.start_step is not None and earlier.checkpoint_step is not None:
+            earlier.steps_redone = max(0, earlier.checkpoint_step - later.start_step)
+    start, end = reports[0].started_at, max((r.ended_at for r in reports), key=iso_epoch)
+    return JobReport(
+        runs=runs, started_at=start, ended_at=end, wall_s=round(iso_epoch(end) - iso_epoch(start), 3),
+        lost_s=round(sum(r.lost_s for r in runs), 3),
+        lost_steps=sum(r.lost_steps or 0 for r in runs), steps_redone=sum(r.steps_redone for r in runs),
+        saving_s=round(sum(r.saving_s for r in runs), 3),
+        uploading_s=round(sum(r.uploading_s for r in runs), 3),
+        reclamations=sum(1 for r in reports if _reclaimed(r)),
+    )
+
+
+def _job_run(report: RunReport, events: Sequence[Event]) -> JobRun:
+    exit_event = next((e for e in reversed(events) if e["event"] == ev.SUPERVISOR_EXIT), {})
+    steps = [e.get("step") for e in events if e["event"] in (ev.STEP_OBSERVED, ev.SAVE_COMPLETED)]
+    known = [s for s in steps if isinstance(s, int) and not isinstance(s, bool)]
+    last_step = exit_event.get("last_step") if isinstance(exit_event.get("last_step"), int) else None
+    if last_step is None and known:
+        last_step = max(known)
+    checkpoint = report.work_at_risk.get("step")
+    checkpoint_step = checkpoint if isinstance(checkpoint, int) else None
+    start_step = report.resume.get("start_step") if report.resume else None
+    first = next((e.get("step") for e in events if e["event"] == ev.STEP_OBSERVED), None)
+    if start_step is None and isinstance(first, int):
+        start_step = max(0, first - 1)  # no checkpoint to check against: where its steps began
+    lost_steps = None
+    if last_step is not None:
+        since = checkpoint_step if checkpoint_step is not None else start_step
+        lost_steps = last_step - since if isinstance(since, int) else None
+    saves = [e for e in events if e["event"] == ev.SAVE_COMPLETED]
+    return JobRun(
+        run_id=report.run_id, started_at=report.started_at, ended_at=report.ended_at,
+        duration_s=report.duration_s, instance=_instance(events),
+        deadline_source=(report.deadline_changes[-1].get("source") if report.deadline_changes
+                         else (report.deadline or {}).get("source")),
+        exit_code=report.exit_code, exit_meaning=report.exit_meaning,
+        start_step=start_step if isinstance(start_step, int) else None, last_step=last_step,
+        checkpoint_step=checkpoint_step, lost_s=float(report.work_at_risk.get("seconds") or 0.0),
+        lost_steps=max(0, lost_steps) if lost_steps is not None else None,
+        saving_s=round(sum(_number(e.get("duration_s")) for e in saves), 3),
+        uploading_s=round(sum(_number(u.get("duration_s")) for u in report.uploads), 3),
+        saves=len(saves),
+        uploads_completed=sum(1 for u in report.uploads if u["outcome"] == "completed"),
+        uploads_failed=sum(1 for u in report.uploads if u["outcome"] == "failed"),
+    )
+
+
+def _instance(events: Sequence[Event]) -> str | None:
+    for e in events:
+        named = isinstance(e.get("instance_id"), str)
+        if named and e["event"] in (ev.DEADLINE_RESOLVED, ev.DEADLINE_CHANGED):
+            return str(e["instance_id"])
+    host = next((e.get("host") for e in events if e["event"] == ev.CHILD_STARTED), None)
+    return str(host) if isinstance(host, str) and host else None
+
+
+def _reclaimed(report: RunReport) -> bool:
+    """The run ended because its capacity did: esiwrap stopped it for the deadline (a checkpoint,
+    or none), or its log just stops."""
+    return not report.complete or report.exit_code in (EXIT_CHECKPOINTED, EXIT_NOT_UPLOADED, EXIT_SAVE_MISSED)
+
+
+def render_job(job: JobReport) -> str:
+    out = [f"job  {_plural(len(job.runs), 'run')}, {job.started_at} -> {_clock(job.ended_at)} "
+           f"({job.wall_s:g}s of wall time), {_plural(job.reclamations, 'reclamation')}"]
+    for r in job.runs:
+        ending = f"exit {r.exit_code}" if r.exit_code is not None else "log stops (instance gone?)"
+        source = r.deadline_source or "none"
+        out.append(_row("run", f"{r.run_id}  on {r.instance or '?'}, deadline from {source}, {ending}"))
+        first = "?" if r.start_step is None else r.start_step
+        last = "?" if r.last_step is None else r.last_step
+        held = f"checkpoint step {r.checkpoint_step}" if r.checkpoint_step is not None else "no checkpoint"
+        lost = f"lost {r.lost_s:g}s after it"
+        if r.lost_steps is not None:
+            lost += f" ({_plural(r.lost_steps, 'step')})"
+        if r.steps_redone:
+            lost += f" + {_plural(r.steps_redone, 'step')} redone by the next run"
+        out.append(_row("", f"  steps {first}->{last}, {held}; {lost}"))
+        out.append(_row("", f"  saving {r.saving_s:g}s ({_plural(r.saves, 'save')}), uploading "
+                        f"{r.uploading_s:g}s ({r.uploads_completed} completed, {r.uploads_failed} failed)"))
+    out.append(_row("totals", f"lost {job.lost_s:g}s of training ({_plural(job.lost_steps, 'step')}) "
+                    f"when runs ended, {_plural(job.steps_redone, 'step')} redone after resuming; "
+                    f"saving {job.saving_s:g}s, uploading {job.uploading_s:g}s"))
+    return "\n".join(out)
+
+
 # ---------------------------------------------------------------------- rendering
-def to_json(runs: Sequence[RunReport], skipped: int) -> str:
-    return json.dumps({"runs": [asdict(r) for r in runs], "skipped_lines": skipped}, indent=2)
+def to_json(runs: Sequence[RunReport], skipped: int, job: JobReport | None = None) -> str:
+    document: dict[str, Any] = {"runs": [asdict(r) for r in runs], "skipped_lines": skipped}
+    if job is not None:
+        document["job"] = asdict(job)
+    return json.dumps(document, indent=2)
 
 
-def render_text(runs: Sequence[RunReport], skipped: int) -> str:
+def render_text(runs: Sequence[RunReport], skipped: int, job: JobReport | None = None) -> str:
     blocks = [_render_run(run) for run in runs]
+    if job is not None:
+        blocks.append(render_job(job))
     tail = f"({_plural(len(runs), 'run')}; {_plural(skipped, 'other line')} skipped)"
     return "\n\n".join([*blocks, tail]) + "\n"
 
@@ -387,6 +558,7 @@ def _render_run(run: RunReport) -> str:
     out += _render_saves(run)
     out += _render_steps(run)
     out += _render_stop(run)
+    out += _render_uploads(run)
     risk = run.work_at_risk
     out.append(_row("at risk", f"{risk['seconds']:g}s of training: from {_clock(risk['since'])} "
                     f"({risk['since_what']}) to {_clock(risk['until'])} ({risk['until_what']})"))
@@ -443,6 +615,25 @@ def _render_saves(run: RunReport) -> list[str]:
     for t in run.trainer_saves:
         rows.append(_row("save", f"trainer's own, step {t['step']}, {_num(t['duration_s'])}s, "
                          f"done {_clock(t['at'])}"))
+    return rows
+
+
+def _render_uploads(run: RunReport) -> list[str]:
+    rows = []
+    if run.resume is not None:
+        r = run.resume
+        head = "from the checkpoint" if r["from_checkpoint"] else "RESUME MISSED"
+        text = (f"{head}: started at step {r['start_step']}, the durable checkpoint holds step "
+                f"{r['checkpoint_step']} ({r['steps_redone']} steps redone)")
+        rows.append(_row("resume", text))
+        for cause in r.get("causes") or []:
+            rows.append(_row("", f"  likely: {cause}"))
+    for u in run.uploads:
+        text = f"step {u['step']} {u['outcome']} in {_num(u['duration_s'])}s, done {_clock(u['at'])}"
+        if u["outcome"] == "failed":
+            how = f"killed by {u['signal']}" if u.get("signal") else f"exit {u.get('code')}"
+            text += f" ({u.get('reason') or how})"
+        rows.append(_row("upload", text))
     return rows
 
 
@@ -515,6 +706,23 @@ def _short(value: Any) -> str:
     text = value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
     text = text.replace("\n", " ")
     return text if len(text) <= 80 else text[:77] + "..."
+
+
+def open_logs(paths: Sequence[str]) -> list[str]:
+    """The lines of several logs (one per instance, say) as one log; a line that is in more than
+    one of them (the same log given twice, a file and the journal) counts once."""
+    if len(paths) == 1:
+        return list(open_log(paths[0]))
+    seen: set[str] = set()
+    lines = []
+    for path in paths:
+        for line in open_log(path):
+            key = line.strip()
+            if key.startswith("{") and key in seen:
+                continue
+            seen.add(key)
+            lines.append(line)
+    return lines
 
 
 def open_log(path: str) -> Iterable[str]:

@@ -14,7 +14,7 @@ import math
 from dataclasses import MISSING, asdict, dataclass, fields
 from typing import Any
 
-PHASES = ("running", "save_requested", "draining", "continuing", "stopping", "killing")
+PHASES = ("running", "save_requested", "draining", "continuing", "stopping", "killing", "uploading")
 
 
 @dataclass(frozen=True)
@@ -25,7 +25,7 @@ class Snapshot:
     run_id: str
     pid: int                         # esiwrap's own pid
     child_pid: int | None
-    phase: str  # running | save_requested | draining | continuing | stopping | killing
+    phase: str  # running | save_requested | draining | continuing | stopping | killing | uploading
     deadline_at: float | None        # epoch s
     deadline_source: str | None      # e.g. "cli", "env:MLP", "volcengine", "node:ab12/volcengine-spot"
     next_save_at: float | None       # planned save signal time (epoch s)
@@ -48,6 +48,11 @@ class Snapshot:
     requested_save_kind: str | None = None  # a save was asked for and is not acknowledged: its kind
     saving_step: int | None = None   # ...and the trainer has begun writing it, at this step
     stop_reason: str | None = None   # stopping, and why
+    # `--upload` (a checkpoint is durable once its upload completed; without, once it completed)
+    durable_step: int | None = None  # the step the last durable checkpoint holds
+    uploading_step: int | None = None  # an upload runs, of the checkpoint of this step
+    uploads_completed: int = 0
+    uploads_failed: int = 0
 
     def to_json(self) -> str:
         """One JSON object; a float that is not finite is written as null."""

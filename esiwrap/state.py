@@ -5,7 +5,13 @@ checkpoints (the storage that survives reclamation), keeps the step intervals an
 the runs measured; a new run plans its first save with them instead of a guess. It is small JSON:
 
     {"format": "esiwrap-state/1", "updated_at": 1796008906.1, "command": ["python", "train.py"],
-     "steps": [1.02, 0.98, ...], "saves": [61.3, 58.9], "blocking": [4.1]}
+     "steps": [1.02, 0.98, ...], "saves": [61.3, 58.9], "blocking": [4.1], "uploads": [240.5],
+     "checkpoint": {"step": 1200, "path": "/ckpt/global_step_1200", "at": 1796008850.3,
+                    "durable": "upload"}}
+
+`checkpoint` is the last durable checkpoint: with `--upload`, the last one whose upload completed
+(`durable: upload`); without, the last one completed (`durable: completed`). The next run checks
+that the trainer really resumed from it (`resumed`, `resume_missed`).
 
 Reading is strict and never fatal: a file that is not there is the first run; a file that cannot
 be parsed, is not ours, holds values that are not durations, or is older than MAX_AGE_S is ignored
@@ -22,6 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, TypeGuard
 
+from esiwrap.controller import Checkpoint
 from esiwrap.policy import Prior
 
 FORMAT = "esiwrap-state/1"
@@ -38,19 +45,30 @@ class JobState:
     blocking: tuple[float, ...] = ()
     updated_at: float = 0.0
     command: tuple[str, ...] = ()
+    uploads: tuple[float, ...] = ()
+    checkpoint: Checkpoint | None = None
+    checkpoint_durable: str = ""  # upload | completed
 
     def prior(self) -> Prior:
-        return Prior(self.steps, self.saves, self.blocking)
+        return Prior(self.steps, self.saves, self.blocking, self.uploads)
 
     def after_run(self, window: Sequence[float], saves: Sequence[float], blocking: Sequence[float],
-                  now: float, command: Sequence[str]) -> JobState:
-        """What the file holds after a run: its step window (which began with this state's steps)
-        and its saves after the earlier runs', the newest kept."""
+                  now: float, command: Sequence[str], uploads: Sequence[float] = (),
+                  checkpoint: Checkpoint | None = None, uploaded: bool = False) -> JobState:
+        """What the file holds after a run: its step window (which began with this state's steps),
+        its saves and uploads after the earlier runs', the newest kept, and its last durable
+        checkpoint (else the earlier run's)."""
+        durable = self.checkpoint_durable
+        if checkpoint is not None:
+            durable = "upload" if uploaded else "completed"
         return JobState(
             steps=tuple(window)[-KEEP_STEPS:],
             saves=tuple([*self.saves, *saves][-KEEP_SAVES:]),
             blocking=tuple([*self.blocking, *blocking][-KEEP_SAVES:]),
             updated_at=now, command=tuple(command),
+            uploads=tuple([*self.uploads, *uploads][-KEEP_SAVES:]),
+            checkpoint=checkpoint if checkpoint is not None else self.checkpoint,
+            checkpoint_durable=durable,
         )
 
 
@@ -80,19 +98,38 @@ def parse(text: str, now: float) -> JobState:
     command = obj.get("command", [])
     if not isinstance(command, list) or not all(isinstance(w, str) for w in command):
         command = []
+    checkpoint, durable = _checkpoint(obj.get("checkpoint"))
     return JobState(
         steps=_durations(obj, "steps", KEEP_STEPS), saves=_durations(obj, "saves", KEEP_SAVES),
         blocking=_durations(obj, "blocking", KEEP_SAVES), updated_at=updated_at,
-        command=tuple(command),
+        command=tuple(command), uploads=_durations(obj, "uploads", KEEP_SAVES),
+        checkpoint=checkpoint, checkpoint_durable=durable,
     )
 
 
 def render(state: JobState) -> str:
-    return json.dumps({
+    obj: dict[str, Any] = {
         "format": FORMAT, "updated_at": round(state.updated_at, 3), "command": list(state.command),
         "steps": [round(s, 6) for s in state.steps], "saves": [round(s, 6) for s in state.saves],
-        "blocking": [round(s, 6) for s in state.blocking],
-    }, separators=(",", ":")) + "\n"
+        "blocking": [round(s, 6) for s in state.blocking], "uploads": [round(s, 6) for s in state.uploads],
+    }
+    if state.checkpoint is not None:
+        c = state.checkpoint
+        obj["checkpoint"] = {"step": c.step, "path": c.path, "at": round(c.completed_at, 3),
+                             "durable": state.checkpoint_durable or "completed"}
+    return json.dumps(obj, separators=(",", ":")) + "\n"
+
+
+def _checkpoint(value: object) -> tuple[Checkpoint | None, str]:
+    """The recorded checkpoint; one that is malformed is dropped (the measurements still count)."""
+    if not isinstance(value, dict):
+        return None, ""
+    step, path, at = value.get("step"), value.get("path", ""), value.get("at")
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0 or not isinstance(path, str) \
+            or not _finite_number(at):
+        return None, ""
+    durable = value.get("durable")
+    return Checkpoint(step, float(at), path), durable if isinstance(durable, str) else "completed"
 
 
 def load(path: str, now: float) -> JobState | None:

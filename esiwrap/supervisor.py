@@ -6,7 +6,10 @@ child's tree, with a timeout the controller sets (`wake_at`). Signal handlers do
 Python: `signal.set_wakeup_fd` writes the signal number to the wakeup pipe, which `esiwrap.early`
 set up first thing at start (signals that came while esiwrap loaded wait there). Everything that
 happens becomes an input for the controller, with the time; the controller's actions (signal
-these PIDs, stop the child, log, keep the job's state, check the tree, exit) are carried out here.
+these PIDs, stop the child, log, keep the job's state, check the tree, start or stop an upload,
+look at the checkpoint's filesystem, exit) are carried out here. The `--upload` helper is the
+shell's own child, reaped in the loop like the rest; what holds a checkpoint is looked at on a
+thread (a stat can hang on a dead mount).
 Nothing here decides, and nothing here reads the controller's state but its `snapshot` (for the
 status line, the metrics and the status file).
 """
@@ -16,22 +19,24 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import queue
 import selectors
 import signal
 import socket
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from esiwrap import controller as core
-from esiwrap import early, messages, process, state, systemd
+from esiwrap import durability, early, messages, process, state, systemd, upload
 from esiwrap import events as ev
 from esiwrap.channel import ChannelServer, Message
 from esiwrap.controller import Controller, ControllerConfig, Now
 from esiwrap.deadline import Source, ask, remote
 from esiwrap.envvars import HOOK_SWITCH_ENV, RUN_ID_ENV, SIGNAL_ENV, SOCKET_ENV, TRAINER_SIGTERM_SAVE
-from esiwrap.errors import EXIT_CHECKPOINTED, EXIT_FAILURE, CommandError, Halt
+from esiwrap.errors import EXIT_CHECKPOINTED, EXIT_FAILURE, EXIT_NOT_EXECUTABLE, CommandError, Halt
 from esiwrap.log import get_logger
 from esiwrap.observe import Observer, ObserveSettings
 from esiwrap.paths import bootstrap_dir
@@ -57,6 +62,7 @@ class SupervisorConfig:
     state_file: str | None = None
     settings: Mapping[str, Any] = field(default_factory=dict)  # the run options, logged at start
     child_env: Mapping[str, str] = field(default_factory=dict)  # added for the platform (Slurm's)
+    upload: str | None = None  # `--upload CMD`: run after each completed save ({path}, {step})
 
 
 class Supervisor:
@@ -74,12 +80,17 @@ class Supervisor:
         self.log = get_logger()
         self._job_state, state_note = _load_state(config.state_file, clock())
         prior = self._job_state.prior() if self._job_state is not None else None
-        self.controller = Controller(config.controller, prior=prior)
+        resume_from = self._job_state.checkpoint if self._job_state is not None else None
+        self.controller = Controller(config.controller, prior=prior, resume_from=resume_from)
         self._state_note = state_note  # logged once the child runs
         self._state_failed = False
         self._child_pid: int | None = None  # what we spawned...
         self._child_reaped = False  # ...and whether its exit was collected
         self._stopping = False  # the controller asked for the tree to be checked: it stops for good
+        self._queued: list[core.Input] = []  # what carrying out actions produced, fed next
+        self._feeding = False
+        self._upload: upload.UploadProcess | None = None
+        self._background: queue.SimpleQueue[core.Input] = queue.SimpleQueue()  # from helper threads
         self._environ = dict(os.environ if environ is None else environ)
         self._clock = clock
         # Sources whose answer cannot change are local and instant: asked before the child starts.
@@ -124,7 +135,9 @@ class Supervisor:
             # Last, once the child's tree is gone: a Slurm requeue signals every process of the job.
             level, event, fields = self._before_checkpointed_exit()
             getattr(self.log, level)(event, **fields)
-        self.log.info(ev.SUPERVISOR_EXIT, code=code, reason=reason)
+        snapshot = self._snapshot()
+        self.log.info(ev.SUPERVISOR_EXIT, code=code, reason=reason, last_step=snapshot.last_step,
+                      checkpoint_step=snapshot.last_checkpoint_step, durable_step=snapshot.durable_step)
         return code
 
     def _start_child(self) -> None:
@@ -133,7 +146,8 @@ class Supervisor:
         process.become_subreaper()
         pid = self._child_pid = process.spawn(self.config.argv, env, death_signal=signal.SIGTERM,
                                               signals=self._signals, callers_env=self._environ)
-        self._feed(core.ChildStarted(pid, tuple(self.config.argv), self.config.settings))
+        host = socket.gethostname()  # which instance this run is on (`esiwrap report`)
+        self._feed(core.ChildStarted(pid, tuple(self.config.argv), self.config.settings, host))
         if self._state_note is not None:
             level, event, fields = self._state_note
             getattr(self.log, level)(event, **fields)
@@ -168,6 +182,7 @@ class Supervisor:
             for key, _ in self._selector.select(self._next_timeout()):
                 key.data(key)
             self._apply(self.controller.tick(self._now()))
+            self._feed_queued()
             snapshot = self._snapshot()
             self._tell_systemd(snapshot)
             self._publish(snapshot)
@@ -198,7 +213,21 @@ class Supervisor:
         return max(0.0, min(waits))
 
     def _feed(self, input_: core.Input) -> None:
-        self._apply(self.controller.handle(input_, self._now()))
+        self._queued.append(input_)
+        self._feed_queued()
+
+    def _feed_queued(self) -> None:
+        """Hand the controller each queued input in turn; carrying out its actions may queue more
+        (an upload started, the tree checked), which follow in order rather than inside the
+        actions' loop."""
+        if self._feeding:
+            return
+        self._feeding = True
+        try:
+            while self._queued:
+                self._apply(self.controller.handle(self._queued.pop(0), self._now()))
+        finally:
+            self._feeding = False
 
     # ------------------------------------------------------------------ the job's state file
     def _keep_state(self, kept: core.KeepState) -> None:
@@ -207,7 +236,8 @@ class Supervisor:
         if path is None or self._state_failed:
             return
         base = self._job_state or state.JobState()
-        after = base.after_run(kept.steps, kept.saves, kept.blocking, self._clock(), self.config.argv)
+        after = base.after_run(kept.steps, kept.saves, kept.blocking, self._clock(), self.config.argv,
+                               uploads=kept.uploads, checkpoint=kept.checkpoint, uploaded=kept.uploaded)
         try:
             state.write_atomic(path, state.render(after))
         except OSError as exc:
@@ -229,7 +259,7 @@ class Supervisor:
             elif isinstance(action, core.KillTree):
                 self._kill_tree()
             elif isinstance(action, core.TermLeftovers):
-                process.signal_all(self._tree.remaining(), signal.SIGTERM)
+                process.signal_all(self._tree_remaining(), signal.SIGTERM)
             elif isinstance(action, core.CheckTree):
                 self._stopping = True
                 self._check_tree()
@@ -241,8 +271,73 @@ class Supervisor:
                 self._systemd.extend_stop(action.seconds)
             elif isinstance(action, core.ProbeStorage):
                 self._prober.submit(action.path, action.previous, action.max_bytes)
+            elif isinstance(action, core.StartUpload):
+                self._start_upload(action)
+            elif isinstance(action, core.StopUpload):
+                signum = signal_number(action.signal)
+                if self._upload is not None and signum is not None:
+                    self._upload.signal(signum)
+            elif isinstance(action, core.CheckFilesystem):
+                self._check_filesystem(action.path)
             elif isinstance(action, core.Exit):
                 raise Halt(action.reason, action.code)
+
+    # ------------------------------------------------------------------ uploads and the checkpoint's disk
+    def _start_upload(self, action: core.StartUpload) -> None:
+        """Run the --upload command for this checkpoint; its end comes through reaping."""
+        template = self.config.upload
+        if template is None:
+            return
+        if upload.needs_path(template) and not action.path:
+            self._queued.append(core.UploadExited(0, None, error="the trainer reported no checkpoint path "
+                                                  "to put in {path}: report it in saving(step, path)"))
+            return
+        env = {k: v for k, v in self._environ.items() if k not in systemd.CHILD_UNSET}
+        if self.config.run_id:
+            env[RUN_ID_ENV] = self.config.run_id
+        try:
+            self._upload = upload.UploadProcess.start(template, action.path, action.step, env)
+        except OSError as exc:
+            self._queued.append(core.UploadExited(0, EXIT_NOT_EXECUTABLE, error=f"cannot start "
+                                                  f"{upload.SHELL}: {exc.strerror or exc}"))
+            return
+        if self._upload.stderr_fd is not None:
+            self._selector.register(self._upload.stderr_fd, selectors.EVENT_READ, self._on_upload_stderr)
+        self._queued.append(core.UploadStarted(self._upload.pid))
+
+    def _on_upload_stderr(self, key: selectors.SelectorKey) -> None:
+        running = self._upload
+        if running is None or running.stderr_fd != key.fd:
+            self._unregister(key.fd)
+            return
+        if not running.read_stderr():
+            self._unregister(key.fd)
+
+    def _upload_reaped(self, status: int) -> None:
+        running, self._upload = self._upload, None
+        if running is None:
+            return
+        fd = running.stderr_fd
+        running.read_stderr()  # what it wrote before it exited is in the pipe now
+        if fd is not None:
+            self._unregister(fd)
+        running.close()
+        ended = _child_exited(running.pid, status)
+        self._feed(core.UploadExited(running.pid, ended.code, ended.signal, tuple(running.tail)))
+
+    def _unregister(self, fd: int) -> None:
+        with contextlib.suppress(KeyError, ValueError):
+            self._selector.unregister(fd)
+
+    def _check_filesystem(self, path: str) -> None:
+        """One look at what holds the checkpoint, on a thread: a stat can hang on a dead mount."""
+        def look() -> None:
+            found = durability.filesystem_of(path)
+            self._background.put(core.FilesystemChecked(path, found.kind, found.fstype, found.mount_point,
+                                                        found.source))
+            self._poke()
+
+        threading.Thread(target=look, name="esiwrap-filesystem", daemon=True).start()
 
     def _stop_child(self, name: str | None) -> None:
         child = self._child_pid
@@ -253,8 +348,18 @@ class Supervisor:
         if signum is not None:
             process.send(child, signum)
 
-    def _kill_tree(self) -> None:
+    def _tree_remaining(self) -> list[Any]:
+        """The child's tree as the stop sequence sees it: without the upload helper, whose end the
+        controller decides (it may have to outlast the child)."""
         remaining = self._tree.remaining()
+        running = self._upload
+        if running is None:
+            return remaining
+        helper = {running.pid, *(p.pid for p in process.descendants(running.pid))}
+        return [p for p in remaining if p.pid not in helper]
+
+    def _kill_tree(self) -> None:
+        remaining = self._tree_remaining()
         if remaining:
             self.log.warning(ev.CHILD_KILLED, signal="SIGKILL", pids=[p.pid for p in remaining])
         process.signal_all(remaining, signal.SIGKILL)
@@ -268,7 +373,7 @@ class Supervisor:
     def _check_tree(self) -> None:
         """While stopping: reap, watch what is left, and tell the controller how much that is."""
         self._reap()
-        remaining = self._tree.remaining()
+        remaining = self._tree_remaining()
         self._tree.watch(remaining)
         self._feed(core.TreeChecked(len(remaining)))
 
@@ -299,6 +404,8 @@ class Supervisor:
         for m in self._prober.drain():
             self._feed(core.StorageProbed(m.path, m.bandwidth_bps, m.written_bytes, m.seconds, m.source,
                                           m.error))
+        while not self._background.empty():
+            self._feed(self._background.get_nowait())
 
     def _on_channel(self, _: selectors.SelectorKey) -> None:
         assert self._channel is not None
@@ -330,6 +437,9 @@ class Supervisor:
                 duration_s=_finite(message.get_float("duration_s")), path=message.get_str("path"),
                 error=message.get_str("error"), peer=peer,
             )
+        if message.type == messages.START:  # where training starts (the verl hook, after loading)
+            fields = {k: v for k, v in message.fields.items() if k not in RESERVED_HELLO_KEYS | {"step"}}
+            return core.TrainingStart(message.pid, step, fields)
         if message.type == messages.DEADLINE:  # another node's answer, relayed by a Ray driver (ray_nodes)
             answer = remote.from_fields(message.fields, self._clock())
             return core.DeadlineAnswers((answer,)) if answer is not None else None
@@ -390,6 +500,8 @@ class Supervisor:
                 self._child_reaped = True
                 self._forget_trainer(pid)
                 self._feed(_child_exited(pid, status))
+            elif self._upload is not None and pid == self._upload.pid:
+                self._upload_reaped(status)
             elif pid in self._trainer_fds:
                 self._trainer_exited(pid)
 
@@ -416,6 +528,8 @@ def _load_state(path: str | None, now: float) -> tuple[state.JobState | None, Lo
     return loaded, ("info", ev.STATE_LOADED, {
         "path": path, "steps": len(loaded.steps), "saves": len(loaded.saves),
         "longest_save_s": max(loaded.saves) if loaded.saves else None,
+        "uploads": len(loaded.uploads), "longest_upload_s": max(loaded.uploads) if loaded.uploads else None,
+        "checkpoint_step": loaded.checkpoint.step if loaded.checkpoint is not None else None,
         "age_s": round(now - loaded.updated_at, 3),
     })
 

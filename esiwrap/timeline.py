@@ -19,7 +19,7 @@ from typing import Any
 
 from esiwrap import events as ev
 from esiwrap.deadline.value import iso_epoch, iso_utc
-from esiwrap.report import Event, RunReport, render_text, summarize
+from esiwrap.report import Event, JobReport, RunReport, job_report, render_job, render_text, summarize
 
 WIDTH = 1200
 LEFT = 118  # lane labels live left of this
@@ -34,7 +34,7 @@ COLORS = {
     "training": "#9ecae1", "completed": "#2ca02c", "failed": "#d62728", "missed": "#d62728",
     "not acknowledged": "#ff7f0e", "planned": "#444444", "signal": "#9467bd", "stop": "#222222",
     "kill": "#d62728", "own save": "#8c8c8c", "warning": "#ff7f0e", "text": "#222222", "muted": "#666666",
-    "grid": "#e6e6e6",
+    "grid": "#e6e6e6", "upload": "#17becf",
 }
 OFF_SCALE = 1.5  # a deadline later than the end by more than 1.5 times the run: drawn at the edge
 _DRAWN_ELSEWHERE = frozenset({ev.DEADLINE_CHANGED})  # warnings the deadline lane already shows
@@ -194,8 +194,12 @@ class Canvas:
 
 
 def render_svg(runs: Sequence[Sequence[Event]]) -> str:
-    """One SVG document with a picture per run, stacked."""
+    """One SVG document with a picture per run, stacked; with several runs, the job's first."""
     body, top = [], 0.0
+    if len(runs) > 1:
+        job, height = _job_picture(runs, top)
+        body.append(job)
+        top += height + 24
     for events in runs:
         canvas = Canvas(facts_of(events), top)
         _draw(canvas)
@@ -512,6 +516,134 @@ def _deadlines(c: Canvas) -> None:
                     fill=COLORS["muted"], cls="no-deadline"))
 
 
+# ---------------------------------------------------------------------- the job across runs
+JOB_ROW = 44
+JOB_HEADER = 56
+
+
+def job_of(runs: Sequence[Sequence[Event]]) -> tuple[list[RunReport], JobReport]:
+    reports = [summarize(events) for events in runs]
+    return reports, job_report(reports, runs)
+
+
+def _job_picture(runs: Sequence[Sequence[Event]], top: float) -> tuple[str, float]:
+    """The job on one wall-clock axis: a row per run (instance), its saves and uploads, the work
+    it lost when it ended (red), how it ended, and where the next run resumed."""
+    reports, job = job_of(runs)
+    t0, t1 = iso_epoch(job.started_at), iso_epoch(job.ended_at)
+    span = max(t1 - t0, 1.0)
+    t1 += span * 0.02
+    width = WIDTH - LEFT - RIGHT
+
+    def x(t: float) -> float:
+        return LEFT + (min(max(t, t0), t1) - t0) / (t1 - t0) * width
+
+    parts = [_text(16, top + 22, f"job: {len(job.runs)} runs, {job.reclamations} reclamations", size=16,
+                   weight="bold", cls="job-title"),
+             _text(16, top + 42, _short(f"lost {_dur(job.lost_s)} of training when runs ended "
+                                        f"({job.lost_steps} steps), {job.steps_redone} steps redone after "
+                                        f"resuming · saving {_dur(job.saving_s)} · uploading "
+                                        f"{_dur(job.uploading_s)}", 180),
+                   fill=COLORS["muted"], cls="job-subtitle")]
+    y = top + JOB_HEADER
+    for i, (report, row) in enumerate(zip(reports, job.runs, strict=True)):
+        y0, y1 = y + i * JOB_ROW, y + i * JOB_ROW + JOB_ROW - 10
+        start, end = iso_epoch(row.started_at), iso_epoch(row.ended_at)
+        group = [f'<g class="job-run" data-run-id="{_esc(row.run_id)}" data-exit="{row.exit_code}">',
+                 f"<title>{_esc(_job_row_title(row))}</title>",
+                 _text(LEFT - 10, y0 + 14, f"run {row.run_id[:8]}", anchor="end", weight="bold",
+                       cls="job-label"),
+                 _text(LEFT - 10, y0 + 28, _short(row.instance or "?", 16), anchor="end", size=10,
+                       fill=COLORS["muted"], cls="job-instance"),
+                 f'<rect class="job-span" x="{x(start):.1f}" y="{y0 + 4:.1f}" '
+                 f'width="{max(x(end) - x(start), 1):.1f}" height="{y1 - y0 - 8:.1f}" '
+                 f'fill="{COLORS["training"]}"/>']
+        for save in report.saves + [SimpleSave(t) for t in report.trainer_saves]:
+            done = save.completed_at if isinstance(save.completed_at, str) else None
+            if done is None:
+                continue
+            end_at = iso_epoch(done)
+            begin = end_at - (save.duration_s if isinstance(save.duration_s, (int, float)) else 0.0)
+            group.append(f'<rect class="job-save" x="{x(begin):.2f}" y="{y0 + 4:.1f}" '
+                         f'width="{max(x(end_at) - x(begin), 2):.2f}" height="{(y1 - y0 - 8) / 2:.1f}" '
+                         f'fill="{COLORS["completed"]}"/>')
+        for upload in report.uploads:
+            end_at = iso_epoch(upload["at"])
+            raw = upload.get("duration_s")
+            began = end_at - (float(raw) if isinstance(raw, (int, float)) else 0.0)
+            color = COLORS["upload"] if upload["outcome"] == "completed" else COLORS["failed"]
+            group.append(f'<rect class="job-upload upload-{upload["outcome"]}" x="{x(began):.2f}" '
+                         f'y="{y0 + 4 + (y1 - y0 - 8) / 2:.1f}" width="{max(x(end_at) - x(began), 2):.2f}" '
+                         f'height="{(y1 - y0 - 8) / 2:.1f}" fill="{color}"/>')
+        risk = report.work_at_risk
+        if isinstance(risk.get("since"), str) and isinstance(risk.get("until"), str) and row.lost_s > 0:
+            a, b = iso_epoch(risk["since"]), min(iso_epoch(risk["until"]), end)
+            left = min(x(a), x(b) - 2)  # at least 2 px, ending where the run ends
+            group.append(f'<rect class="job-lost" x="{left:.2f}" y="{y1 - 5:.1f}" '
+                         f'width="{x(b) - left:.2f}" height="4" fill="{COLORS["deadline"]}"/>')
+        ending = f"exit {row.exit_code}" if row.exit_code is not None else "log stops"
+        group.append(_text(min(x(end) + 4, WIDTH - 4), y0 + 18, ending, anchor="start" if x(end) + 60 < WIDTH
+                           else "end", size=11, weight="bold", cls="job-exit"))
+        if row.start_step is not None:
+            resumed = f"from step {row.start_step}"
+            group.append(_text(x(start) + 3, y0 - 0.5, resumed, size=9, fill=COLORS["muted"],
+                               cls="job-resume"))
+        group.append("</g>")
+        parts.append("".join(group))
+    height = JOB_HEADER + len(job.runs) * JOB_ROW + 24
+    ticks, step = [], _tick_step(t1 - t0)
+    k = 0
+    while t0 + k * step <= t1:
+        tx = x(t0 + k * step)
+        ticks.append(_text(tx, top + height - 6, _clock(t0 + k * step), anchor="middle", size=10,
+                           fill=COLORS["muted"], cls="job-tick"))
+        k += 1
+    return f'<g class="job">{"".join(parts)}{"".join(ticks)}</g>', height
+
+
+class SimpleSave:
+    """A trainer's own save as the job picture draws it."""
+
+    def __init__(self, fields: dict[str, Any]) -> None:
+        self.completed_at = fields.get("at")
+        self.duration_s = fields.get("duration_s")
+
+
+def _job_row_title(row: Any) -> str:
+    text = (f"run {row.run_id} on {row.instance or '?'}: {row.started_at} → {row.ended_at}; deadline from "
+            f"{row.deadline_source or 'none'}; exit {row.exit_code} ({row.exit_meaning or 'log stops'})")
+    if row.checkpoint_step is not None:
+        text += f"; durable checkpoint step {row.checkpoint_step}"
+    text += f"; lost {row.lost_s:g}s"
+    if row.steps_redone:
+        text += f" + {row.steps_redone} steps redone by the next run"
+    return text
+
+
+def _or_unknown(value: int | None) -> str:
+    return "?" if value is None else str(value)
+
+
+def _job_table(job: JobReport) -> str:
+    head = ("run", "instance", "deadline from", "exit", "steps", "durable checkpoint", "lost when it ended",
+            "redone by the next run", "saving", "uploading")
+    rows = []
+    for r in job.runs:
+        cells = (r.run_id, r.instance or "?", r.deadline_source or "none",
+                 f"{r.exit_code}" if r.exit_code is not None else "log stops",
+                 f"{_or_unknown(r.start_step)}→{_or_unknown(r.last_step)}",
+                 "none" if r.checkpoint_step is None else f"step {r.checkpoint_step}",
+                 f"{_dur(r.lost_s)}" + (f" ({r.lost_steps} steps)" if r.lost_steps is not None else ""),
+                 f"{r.steps_redone} steps", _dur(r.saving_s), _dur(r.uploading_s))
+        rows.append("<tr>" + "".join(f"<td>{_esc(str(c))}</td>" for c in cells) + "</tr>")
+    total = ("total", "", "", f"{job.reclamations} reclamations", "", "",
+             f"{_dur(job.lost_s)} ({job.lost_steps} steps)", f"{job.steps_redone} steps", _dur(job.saving_s),
+             _dur(job.uploading_s))
+    rows.append('<tr class="total">' + "".join(f"<th>{_esc(str(c))}</th>" for c in total) + "</tr>")
+    header = "<tr>" + "".join(f"<th>{_esc(h)}</th>" for h in head) + "</tr>"
+    return f'<table class="job-table">{header}{"".join(rows)}</table>'
+
+
 # ---------------------------------------------------------------------- small pieces
 def _text(x: float, y: float, text: str, *, anchor: str = "start", size: int = 12, fill: str | None = None,
           weight: str = "normal", cls: str = "") -> str:
@@ -580,12 +712,24 @@ LEGEND = (
     ("not acknowledged", "save not acknowledged before the end"),
     ("step_b", "training steps (alternating shades)"),
     ("stop", "stop signal; ● exits"),
+    ("upload", "upload completed (--upload; red: failed)"),
 )
 
 
 def render_html(runs: Sequence[Sequence[Event]], skipped: int, source: str) -> str:
-    """A self-contained page: per run the picture, the key figures and the text report."""
+    """A self-contained page: per run the picture, the key figures and the text report; with
+    several runs, the job across them first."""
     sections = []
+    if len(runs) > 1:
+        _, job = job_of(runs)
+        picture, height = _job_picture(runs, 0.0)
+        svg = (f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height:.0f}" '
+               f'viewBox="0 0 {WIDTH} {height:.0f}" font-family="{FONT}" font-size="12" role="img" '
+               f'aria-label="esiwrap job across runs"><rect width="100%" height="100%" fill="#ffffff"/>'
+               f"{picture}</svg>")
+        sections.append(f'<section class="job" id="job"><h2>the job: {len(runs)} runs</h2>{svg}'
+                        f"{_job_table(job)}<details><summary>esiwrap report (text)</summary>"
+                        f"<pre>{_esc(render_job(job))}</pre></details></section>")
     for events in runs:
         svg = render_svg([events])
         report = summarize(events)
@@ -610,6 +754,9 @@ ul.legend {{ list-style: none; padding: 0; display: flex; flex-wrap: wrap; gap: 
 table.figures {{ border-collapse: collapse; margin: 10px 0; font-size: 13px; }}
 table.figures th {{ text-align: left; padding: 3px 12px 3px 0; color: #666; font-weight: normal; }}
 table.figures td {{ padding: 3px 12px 3px 0; }}
+table.job-table {{ border-collapse: collapse; margin: 10px 0; font-size: 13px; }}
+table.job-table th, table.job-table td {{ text-align: left; padding: 3px 10px;
+  border-bottom: 1px solid #e6e6e6; }}
 pre {{ font-size: 12px; background: #f6f6f6; padding: 10px; overflow-x: auto; }}
 </style></head>
 <body><h1>esiwrap timeline</h1>

@@ -114,7 +114,11 @@ def _trace(run: Sequence[Event], start: float, settings: Mapping[str, Any]) -> t
     while sum(steps) <= max(reclaim_at, first_at) + pace:  # the steps the run did not live to make
         steps.append(pace)
     saves = _saves_by_step(run, len(steps), float(settings.get("--save-duration", 60.0)))
-    trace = Trace("log", steps, saves, first_at, reclaim_at, changes, **_knowledge(run))
+    uploads = None
+    if settings.get("--upload"):  # --upload: a checkpoint's upload takes what the nearest one took
+        guess = float(settings.get("--upload-duration", 60.0))
+        uploads = _by_step(run, ev.UPLOAD_COMPLETED, len(steps), guess)
+    trace = Trace("log", steps, saves, first_at, reclaim_at, changes, uploads=uploads, **_knowledge(run))
     return trace, bool(measured), sum(1 for e in run if e["event"] == ev.SAVE_COMPLETED)
 
 
@@ -154,8 +158,12 @@ def _planned_pace(run: Sequence[Event]) -> float:
 
 def _saves_by_step(run: Sequence[Event], count: int, guess_s: float) -> list[float]:
     """A save at step k takes what the measured save nearest to k took (the guess if none was)."""
+    return _by_step(run, ev.SAVE_COMPLETED, count, guess_s)
+
+
+def _by_step(run: Sequence[Event], event: str, count: int, guess_s: float) -> list[float]:
     measured = [(int(e["step"]), float(e["duration_s"])) for e in run
-                if e["event"] == ev.SAVE_COMPLETED and isinstance(e.get("step"), int)
+                if e["event"] == event and isinstance(e.get("step"), int)
                 and isinstance(e.get("duration_s"), (int, float))]
     if not measured:
         return [guess_s] * count

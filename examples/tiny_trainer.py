@@ -1,9 +1,12 @@
 """A tiny CPU PyTorch trainer that checkpoints when esiwrap asks, and resumes where it left off.
 
-    esiwrap --deadline +40s --save-duration 2 --redundant-time 10 -- python examples/tiny_trainer.py
+    esiwrap --deadline +40s --save-duration 2 --redundant-time 10 --local-checkpoints-survive -- \
+        python examples/tiny_trainer.py
 
 (`--save-duration 2`: this trainer's checkpoint takes milliseconds, not the minute esiwrap assumes
-for a real model; `--redundant-time 10`: a 40 s deadline leaves no room for the default 2 minutes.)
+for a real model; `--redundant-time 10`: a 40 s deadline leaves no room for the default 2 minutes;
+`--local-checkpoints-survive`: the demo resumes on this machine, whose disk outlives the run. On
+capacity that is reclaimed, write checkpoints to storage that outlives it or add `--upload`.)
 
 The five lines marked `# esiwrap` are all a plain PyTorch loop needs (`install()`'s checkpoint size
 and directory are optional: with them esiwrap plans the first save from the checkpoint's size and

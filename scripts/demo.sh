@@ -8,8 +8,9 @@ python3 -m venv .venv
 .venv/bin/pip install --quiet --disable-pip-version-check torch==2.13.0
 .venv/bin/pip install --quiet --disable-pip-version-check -e '.[demo]'
 set +e
+# --local-checkpoints-survive: the second run resumes on this machine, whose disk outlives the first
 .venv/bin/esiwrap --deadline +60s --redundant-time 20 --save-duration 2 --final-margin 3 \
-    --log-format console "$@" -- \
+    --local-checkpoints-survive --log-format console "$@" -- \
     .venv/bin/python examples/tiny_trainer.py --ckpt-dir demo-checkpoints --step-seconds 1
 code=$?
 echo "esiwrap exited with $code (75: stopped after a completed checkpoint; run again to resume)"

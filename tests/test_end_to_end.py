@@ -45,7 +45,7 @@ def test_demo_saves_before_deadline_and_resumes(esiwrap, tmp_path: Path) -> None
 
 def test_the_tiny_trainers_documented_command_runs_clean(esiwrap, tmp_path: Path) -> None:
     """The command in examples/tiny_trainer.py's docstring, as written: no warning, exit 75."""
-    doc = TINY_TRAINER.read_text().split('"""')[1]
+    doc = TINY_TRAINER.read_text().split('"""')[1].replace("\\\n", " ")  # a shell line continued
     line = next(line.strip() for line in doc.splitlines() if line.strip().startswith("esiwrap "))
     words = shlex.split(line)[1:]
     split = words.index("--")

@@ -262,3 +262,42 @@ def test_legacy_loop_on_a_separately_started_cluster(esiwrap: Any, short_tmp: Pa
     taskrunner = int((short_tmp / "taskrunner.pid").read_text())
     assert wait_until(lambda: not psutil.pid_exists(taskrunner), timeout=60), "TaskRunner left behind"
     assert not psutil.pid_exists(result["driver_pid"])
+
+
+def test_v1_resume_is_verified_against_the_state_file(esiwrap: Any, short_tmp: Path) -> None:
+    """A real verl checkpoint directory: the first run saves `global_step_N` through verl's own
+    `_save_checkpoint` and the state file records it; the next run, with verl's default
+    `trainer.resume_mode=auto`, loads it through verl's own `_load_checkpoint` and the hook's start
+    message gives esiwrap the global step after loading: `resumed`. A third with
+    `trainer.resume_mode=disable` starts from scratch: `resume_missed`, naming resume_mode and
+    default_local_dir."""
+    state = short_tmp / "esiwrap-state.json"
+
+    def run_once(mode: str) -> EsiwrapRun:
+        run: EsiwrapRun = esiwrap(
+            "--deadline", "+600s", "--redundant-time", "570", "--save-duration", "2", "--no-final-save",
+            "--state-file", str(state), "--log-level", "debug", "--",
+            PYTHON, str(DRIVER), "--loop", "v1", "--ckpt-dir", str(short_tmp / "ckpt"),
+            "--pid-file", str(short_tmp / "taskrunner.pid"), "--step-seconds", "0.5", "--resume-mode", mode,
+            env=ray_env(short_tmp), cwd=str(short_tmp))
+        code = run.finish(timeout=RAY_TIMEOUT_S)
+        assert code == EXIT_CHECKPOINTED, (run.names(), run.other_lines[-30:])
+        return run
+
+    first = run_once("auto")
+    saved = first.first("save_completed")["step"]
+    assert json.loads(state.read_text())["checkpoint"]["step"] == saved
+    assert not [e for e in first.events if e["event"] in ("resumed", "resume_missed")]
+
+    second = run_once("auto")
+    resumed = second.first("resumed")
+    assert (resumed["checkpoint_step"], resumed["start_step"], resumed["steps_redone"]) == (saved, saved, 0)
+    assert resumed["path"] == str(short_tmp / "ckpt" / f"global_step_{saved}")
+    assert second.first("step_observed")["step"] > saved  # verl really went on from there
+
+    again = second.first("save_completed")["step"]
+    third = run_once("disable")
+    missed = third.first("resume_missed")
+    assert (missed["checkpoint_step"], missed["start_step"], missed["steps_redone"]) == (again, 0, again)
+    assert "trainer.resume_mode=disable" in missed["causes"][0]
+    assert str(short_tmp / "ckpt") in missed["causes"][1]

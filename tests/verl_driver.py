@@ -25,7 +25,7 @@ import ray
 
 
 def verl_config(ckpt_dir: str, save_freq: int, total_steps: int, async_save: bool,
-                model_dir: str | None = None) -> Any:
+                model_dir: str | None = None, resume_mode: str = "auto") -> Any:
     """verl's own generated PPO config, with what this CPU run needs."""
     import verl
     from omegaconf import OmegaConf
@@ -36,6 +36,7 @@ def verl_config(ckpt_dir: str, save_freq: int, total_steps: int, async_save: boo
             "default_local_dir": ckpt_dir, "default_hdfs_dir": None, "save_freq": save_freq,
             "test_freq": -1, "val_before_train": False, "logger": ["console"], "total_epochs": 1,
             "total_training_steps": total_steps, "project_name": "esiwrap", "experiment_name": "test",
+            "resume_mode": resume_mode,
         },
         "actor_rollout_ref": {"actor": {"checkpoint": {"async_save": async_save}}},
         "algorithm": {"adv_estimator": "grpo"},  # no critic: this loop has no critic worker group
@@ -63,6 +64,11 @@ class StubWorkerGroup:
         torch.save({"step": global_step}, os.path.join(local_path, "model.pt"))
         if self.async_save:
             self.unfinished.append((local_path, global_step))
+
+    def load_checkpoint(self, local_path: str, del_local_after_load: bool = False) -> None:
+        import torch
+
+        torch.load(os.path.join(local_path, "model.pt"))  # what save_checkpoint wrote
 
     def async_calls_finalize_fn_exec(self, blocking: bool = False) -> None:
         if not blocking:
@@ -114,7 +120,7 @@ def run_legacy(config: Any, step_s: float, steps: int) -> None:
     FitShaped().fit()
 
 
-def run_v1(config: Any, step_s: float, steps: int) -> None:
+def run_v1(config: Any, step_s: float, steps: int, load: bool = False) -> None:
     from types import SimpleNamespace
 
     from transfer_queue import KVBatchMeta
@@ -135,6 +141,8 @@ def run_v1(config: Any, step_s: float, steps: int) -> None:
             self.global_steps = 0
             self.steps_per_epoch = self.total_training_steps = steps
             self._init_dump_executor()
+            if load:  # the end of verl's init_workers: load the checkpoint resume_mode points at
+                self._load_checkpoint()
 
         def step(self, metrics: dict[str, Any], timing_raw: dict[str, Any]) -> Any:
             time.sleep(step_s)  # generation, log-probs, the actor update
@@ -165,7 +173,8 @@ def expire_soon_per_verl(in_s: float, step_s: float, out_dir: Path) -> None:
 class TaskRunner:
     def run(self, args: argparse.Namespace) -> None:
         Path(args.pid_file).write_text(str(os.getpid()))
-        config = verl_config(args.ckpt_dir, args.save_freq, args.steps, args.async_save, args.model_dir)
+        config = verl_config(args.ckpt_dir, args.save_freq, args.steps, args.async_save, args.model_dir,
+                             args.resume_mode or "auto")
         loop, step_s, steps = args.loop, args.step_seconds, args.steps
         if loop == "legacy":
             from verl.trainer.ppo import ray_trainer  # noqa: F401 - imported first, as verl does
@@ -174,7 +183,7 @@ class TaskRunner:
                 expire_soon_per_verl(args.mlp_expiry_in, step_s, Path(args.pid_file).parent)
             run_legacy(config, step_s, steps)
         else:
-            run_v1(config, step_s, steps)
+            run_v1(config, step_s, steps, load=args.resume_mode is not None)
 
 
 def main() -> None:
@@ -189,6 +198,8 @@ def main() -> None:
     parser.add_argument("--async-save", action="store_true", help="actor.checkpoint.async_save=True")
     parser.add_argument("--mlp-expiry-in", type=float, help="set verl's MLP_ expiry variable in the actor")
     parser.add_argument("--model-dir", help="actor_rollout_ref.model.path (a local model directory)")
+    parser.add_argument("--resume-mode", choices=["auto", "disable"],
+                        help="v1: trainer.resume_mode, and load the checkpoint as init_workers does")
     args = parser.parse_args()
     # --skip-ray-env-hook: what `uv run` does to RAY_RUNTIME_ENV_HOOK (Ray ignores it)
     skip = {"_skip_env_hook": True} if args.skip_ray_env_hook else {}

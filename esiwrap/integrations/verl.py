@@ -11,6 +11,9 @@ touches verl only when a trainer module is imported, and only these names:
 * V1 loop (`PPOTrainer`, the default): at the end of each step (`on_step_end`, where verl's own
   periodic save sits), a requested save runs through verl's `_save_checkpoint` when verl has not
   just saved this step itself.
+* `_load_checkpoint` of both is wrapped, so esiwrap learns where training starts: a `start`
+  message with the global step after loading (0 from scratch), `resume_mode` and
+  `default_local_dir`, sent once the loop is attached (V1 loads before `fit`: sent at `fit`).
 * `_save_checkpoint` of both is wrapped to report `save_begin`/`save_end` (step, path, duration).
   `save_end` is sent only once `latest_checkpointed_iteration.txt` names the step; with
   `async_save` the save is finalized first when esiwrap asked for it, else reported when the
@@ -86,6 +89,7 @@ class _Loop:
         self.last_saved_step: int | None = None
         self.depth = 0  # nested _save_checkpoint calls (a subclass calling super)
         self.pending: list[_PendingSave] = []  # async saves not yet final: acknowledged later
+        self.start_sent = False
 
     # -- attaching
     def attach(self, kind: str, trainer: object) -> bool:
@@ -113,6 +117,17 @@ class _Loop:
             **_checkpoint_facts(trainer),
         )
         return True
+
+    def started(self, trainer: Any) -> None:
+        """Tell esiwrap where training starts: verl's global step after loading (0 from scratch)."""
+        if self.transport is None or self.start_sent or trainer is None:
+            return
+        self.start_sent = True
+        config = getattr(getattr(trainer, "config", None), "trainer", None)
+        fields = {key: _config_text(config, key) for key in ("resume_mode", "default_local_dir",
+                                                              "resume_from_path")}
+        self.transport.send(messages.START, step=int(getattr(trainer, "global_steps", 0) or 0),
+                            integration="verl", **fields)
 
     # -- requests
     def _request_count(self) -> int:
@@ -252,6 +267,14 @@ def _finalize_async_save(trainer: Any) -> None:
         finalize(blocking=True)
 
 
+def _config_text(config: Any, key: str) -> str | None:
+    try:
+        value = config.get(key) if config is not None else None
+    except Exception:
+        return None
+    return None if value is None else str(value)
+
+
 def _save_freq(trainer: Any) -> int:
     try:
         return int(trainer.config.trainer.save_freq)
@@ -277,6 +300,7 @@ def patch_legacy_module(module: ModuleType) -> None:
     for value in list(vars(module).values()):
         if isinstance(value, type) and value.__module__ == module.__name__:
             _wrap_save_checkpoint(value)
+            _wrap_load_checkpoint(value)
             if value.__name__ == "RayPPOTrainer":
                 _wrap_attach_on_fit(value, "legacy")
 
@@ -318,6 +342,23 @@ def _wrap_save_checkpoint(cls: type) -> None:
     setattr(cls, "_save_checkpoint", _save_checkpoint)  # noqa: B010
 
 
+def _wrap_load_checkpoint(cls: type) -> None:
+    """After verl loads (or finds nothing to load), tell esiwrap the step training starts from."""
+    original = cls.__dict__.get("_load_checkpoint")
+    if original is None or getattr(original, PATCHED, False):
+        return
+    import functools
+
+    @functools.wraps(original)
+    def _load_checkpoint(self: Any, *args: Any, **kwargs: Any) -> Any:
+        result = original(self, *args, **kwargs)
+        loop.started(self)  # a no-op until the loop is attached (V1: `fit` sends it)
+        return result
+
+    setattr(_load_checkpoint, PATCHED, True)
+    setattr(cls, "_load_checkpoint", _load_checkpoint)  # noqa: B010
+
+
 def _wrap_attach_on_fit(cls: type, kind: str) -> None:
     """Attach when `fit` starts, so the first step's length is known too."""
     original = cls.__dict__.get("fit")
@@ -342,6 +383,7 @@ def patch_v1_module(module: ModuleType) -> None:
     if not isinstance(cls, type):
         return
     _wrap_save_checkpoint(cls)
+    _wrap_load_checkpoint(cls)
     original_fit = cls.__dict__.get("fit")
     if original_fit is None or getattr(original_fit, PATCHED, False):
         return
@@ -353,6 +395,7 @@ def patch_v1_module(module: ModuleType) -> None:
             return original_fit(self, *args, **kwargs)
         if loop.last_boundary is None:
             loop.last_boundary = time.monotonic()
+        loop.started(self)  # V1 loaded its checkpoint in init_workers, before fit
         # An instance attribute shadows the subclass's on_step_end for this fit only.
         self.on_step_end = _v1_step_end(self, self.on_step_end)
         try:

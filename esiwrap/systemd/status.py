@@ -43,6 +43,8 @@ def _deadline(s: Snapshot) -> str:
 def _save(s: Snapshot) -> list[str]:
     if s.phase in ("stopping", "killing"):
         return [f"stopping: {s.stop_reason}"]
+    if s.phase == "uploading":
+        return ["stopped; waiting for the last checkpoint's upload (--upload)"]
     parts = []
     if s.phase == "draining":  # stopping after the save in progress (SIGTERM, a late deadline)
         parts.append("stop requested, waiting for the checkpoint")

@@ -1,0 +1,207 @@
+"""The pure parts of issue 19: uploads in the decision core and the plan, the resume check, the
+state file's new fields, and the filesystem classification (fake clock, no processes)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from controller_driver import CHILD, Driver, exits, logs
+
+from esiwrap import controller as core
+from esiwrap import state
+from esiwrap.controller import Checkpoint, Controller, ControllerConfig, Mode
+from esiwrap.durability import classify, find_mount, parse_mountinfo
+from esiwrap.errors import EXIT_CHECKPOINTED, EXIT_NOT_UPLOADED
+from esiwrap.policy import UPLOAD_SAFETY_FACTOR, Observations, PolicyConfig, plan_save, upload_estimate_s
+
+UPLOADS = ControllerConfig(
+    policy=PolicyConfig(redundant_s=4.0, save_duration_s=1.0, final_margin_s=2.0, unmeasured_factor=1.0,
+                        interruption_rate_per_day=0.0, uploads=True, upload_duration_s=5.0),
+    stop_grace_s=3.0)
+UPLOADER = 5151
+
+
+def started_upload(d: Driver, pid: int = UPLOADER) -> core.StartUpload:
+    (start,) = [a for a in d.actions if isinstance(a, core.StartUpload)][-1:]
+    d.feed(core.UploadStarted(pid))
+    return start
+
+
+def insured(d: Driver, deadline_s: float) -> None:
+    """Steps of 1 s up to the planned insurance save, which takes 0.5 s (path /ckpt/STEP)."""
+    d.deadline(deadline_s)
+    d.hello()
+    step = 0
+    while not logs(d.actions, "save_requested"):
+        step += 1
+        d.steps(step, 1, 1.0)
+    d.steps(step + 1, 1, 1.0)
+    d.save(step + 1, 0.5, path=f"/ckpt/{step + 1}")
+
+
+def stop_when_due(d: Driver) -> None:
+    """Train on (no further save fits) until esiwrap stops the child; the tree is then gone."""
+    while not any(isinstance(a, core.StopChild) for a in d.actions):
+        d.advance(0.5)
+    d.feed(core.ChildExited(CHILD, None, "SIGTERM", 15))
+    d.feed(core.TreeChecked(0))
+
+
+def test_a_completed_save_starts_its_upload_and_exit_75_waits_for_it() -> None:
+    """After the save its upload starts; training goes on while it runs; once the child is
+    stopped esiwrap still waits for the upload, and exits 75 when it completed."""
+    d = Driver(replace(UPLOADS, policy=replace(UPLOADS.policy, final_save=False)))
+    insured(d, 60)
+    start = started_upload(d)
+    assert start.path == f"/ckpt/{start.step}" and start.attempt == 1
+    stop_when_due(d)
+    assert d.controller.mode is Mode.UPLOADING and not exits(d.actions)
+    d.advance(1.0)
+    d.feed(core.UploadExited(UPLOADER, 0))
+    (done,) = logs(d.actions, "upload_completed")
+    assert done["step"] == start.step
+    assert exits(d.actions)[0].code == EXIT_CHECKPOINTED
+
+
+def test_an_upload_that_does_not_end_is_cut_off_before_the_deadline_and_exits_74() -> None:
+    """SIGTERM to the upload's group, SIGKILL after the grace, exit 74 naming the checkpoint, all
+    before the deadline."""
+    d = Driver(replace(UPLOADS, policy=replace(UPLOADS.policy, final_save=False)))
+    insured(d, 40)
+    start = started_upload(d)
+    stop_when_due(d)
+    while "SIGKILL" not in [a.signal for a in d.actions if isinstance(a, core.StopUpload)]:
+        d.advance(0.25)
+    stops = [a.signal for a in d.actions if isinstance(a, core.StopUpload)]
+    assert stops == ["SIGTERM", "SIGKILL"]
+    assert d.wall <= d.controller.deadline.at - 1  # type: ignore[union-attr]
+    d.feed(core.UploadExited(UPLOADER, None, "SIGKILL", ("partial",)))
+    (failed,) = logs(d.actions, "upload_failed")
+    assert failed["reason"].startswith("cut off") and failed["stderr"] == ["partial"]
+    (exit_,) = exits(d.actions)
+    assert exit_.code == EXIT_NOT_UPLOADED and "upload did not finish" in exit_.reason
+    assert f"step {start.step}" in exit_.reason
+
+
+def test_an_upload_that_survives_sigkill_is_not_waited_for_past_the_deadline() -> None:
+    d = Driver(replace(UPLOADS, policy=replace(UPLOADS.policy, final_save=False)))
+    insured(d, 40)
+    started_upload(d)
+    stop_when_due(d)
+    d.advance(40)
+    assert exits(d.actions)[0].code == EXIT_NOT_UPLOADED
+    assert d.wall < d.controller.deadline.at  # type: ignore[union-attr]
+
+
+def test_a_newer_save_waits_for_the_running_upload_and_older_waiting_ones_are_skipped() -> None:
+    """One upload at a time: the running one finishes; of the checkpoints completed meanwhile only
+    the newest is uploaded next."""
+    d = Driver(UPLOADS)
+    d.hello()
+    d.feed(core.SaveBegin(CHILD, 10))
+    d.feed(core.SaveEnd(CHILD, 10, duration_s=0.1, path="/c/10"))
+    started_upload(d)
+    for step in (20, 30):
+        d.feed(core.SaveBegin(CHILD, step))
+        d.feed(core.SaveEnd(CHILD, step, duration_s=0.1, path=f"/c/{step}"))
+    (skipped,) = logs(d.actions, "upload_skipped")
+    assert skipped["step"] == 20 and skipped["superseded_by"] == 30
+    assert len([a for a in d.actions if isinstance(a, core.StartUpload)]) == 1
+    d.advance(2)
+    d.feed(core.UploadExited(UPLOADER, 0))
+    start = started_upload(d, UPLOADER + 1)
+    assert start.step == 30
+
+
+def test_a_failed_upload_of_the_newest_checkpoint_is_tried_again() -> None:
+    """A failure is retried (5 s, then 30 s later), and training is never stopped for it."""
+    d = Driver(UPLOADS)
+    d.hello()
+    d.feed(core.SaveBegin(CHILD, 10))
+    d.feed(core.SaveEnd(CHILD, 10, duration_s=0.1, path="/c/10"))
+    started_upload(d)
+    d.feed(core.UploadExited(UPLOADER, 1, stderr=("NoSuchBucket",)))
+    assert logs(d.actions, "upload_failed")[0]["code"] == 1
+    d.advance(5.0)
+    start = started_upload(d, UPLOADER + 1)
+    assert start.attempt == 2 and start.step == 10
+    assert not any(isinstance(a, core.StopChild) for a in d.actions)
+
+
+def test_the_plan_makes_room_for_the_upload() -> None:
+    """The insurance save's moment moves earlier by the upload estimate; measured uploads replace
+    --upload-duration x --unmeasured-factor."""
+    plain = PolicyConfig(unmeasured_factor=2.0)
+    uploads = replace(plain, uploads=True, upload_duration_s=30.0)
+    obs = Observations(10)
+    obs.intervals.append(1.0)
+    without = plan_save(1000.0, obs, plain, "insurance")
+    with_upload = plan_save(1000.0, obs, uploads, "insurance")
+    assert without.signal_at - with_upload.signal_at == pytest.approx(60.0)
+    assert "upload" in with_upload.why
+    obs.upload_ended(40.0)
+    assert upload_estimate_s(obs, uploads) == pytest.approx(40.0 * UPLOAD_SAFETY_FACTOR)
+    assert upload_estimate_s(obs, plain) == 0.0
+
+
+@pytest.mark.parametrize(("start", "event", "redone"), [(40, "resumed", 0), (45, "resumed", 0),
+                                                         (0, "resume_missed", 40), (25, "resume_missed", 15)])
+def test_the_first_step_says_where_training_started(start: int, event: str, redone: int) -> None:
+    """Against the checkpoint the state file names: resumed from it (or later), or missed."""
+    c = Controller(ControllerConfig(), resume_from=Checkpoint(40, 1.8e9, "/ckpt/latest.pt"))
+    c.handle(core.ChildStarted(CHILD), core.Now(1.8e9, 0))
+    c.handle(core.Hello(CHILD), core.Now(1.8e9, 0))
+    out = c.handle(core.Step(CHILD, start + 1, 1.0), core.Now(1.8e9 + 1, 1))
+    (found,) = logs(out, event)
+    assert (found["checkpoint_step"], found["start_step"], found["steps_redone"]) == (40, start, redone)
+    if event == "resume_missed":
+        assert any("/ckpt/latest.pt" in cause for cause in found["causes"])
+
+
+def test_verl_start_message_names_resume_mode_in_the_causes() -> None:
+    c = Controller(ControllerConfig(), resume_from=Checkpoint(8, 1.8e9, "/ckpt/global_step_8"))
+    c.handle(core.Hello(CHILD), core.Now(1.8e9, 0))
+    out = c.handle(core.TrainingStart(CHILD, 0, {"integration": "verl", "resume_mode": "disable",
+                                                  "default_local_dir": "/ckpt"}), core.Now(1.8e9, 0))
+    (missed,) = logs(out, "resume_missed")
+    assert "trainer.resume_mode=disable" in missed["causes"][0]
+    assert "trainer.default_local_dir (/ckpt)" in missed["causes"][1]
+
+
+def test_state_file_keeps_uploads_and_the_durable_checkpoint() -> None:
+    after = state.JobState().after_run([1.0], [2.0], [], 1.8e9, ["python"], uploads=[30.0],
+                                       checkpoint=Checkpoint(7, 1.8e9 - 5, "/c"), uploaded=True)
+    back = state.parse(state.render(after), 1.8e9 + 10)
+    assert back.uploads == (30.0,) and back.checkpoint == Checkpoint(7, 1.8e9 - 5, "/c")
+    assert back.checkpoint_durable == "upload" and back.prior().uploads == (30.0,)
+    old = state.parse('{"format":"esiwrap-state/1","updated_at":1800000000,"steps":[],"saves":[]}', 1.8e9)
+    assert old.checkpoint is None and old.uploads == ()
+
+
+MOUNTINFO = r"""27 1 254:0 / / rw,relatime - ext4 /dev/vda rw
+40 27 0:50 / /mnt/nfs rw - nfs4 10.0.0.9:/export rw
+41 27 0:51 / /mnt/s3 rw - fuse.rclone s3:bucket rw
+42 27 0:52 / /lustre rw - lustre 10.0.0.1@tcp:/fs rw
+43 27 0:53 / /dev/shm rw - tmpfs tmpfs rw
+44 27 8:17 / /data\040disk rw - xfs /dev/nvme0n1p1 rw
+45 27 8:17 /sub /bound rw - xfs /dev/nvme0n1p1 rw
+46 27 0:54 / /var/lib/docker/overlay rw - overlay overlay rw
+"""
+
+
+@pytest.mark.parametrize(("path", "device", "kind", "fstype"), [
+    ("/home/me/ckpt", "254:0", "local", "ext4"), ("/mnt/nfs/job", "0:50", "network", "nfs4"),
+    ("/mnt/s3/ckpt", "0:51", "fuse", "fuse.rclone"), ("/lustre/x", "0:52", "cluster", "lustre"),
+    ("/dev/shm/c", "0:53", "memory", "tmpfs"), ("/data disk/c", "8:17", "local", "xfs"),
+    ("/bound/c", "8:17", "local", "xfs"), ("/var/lib/docker/overlay/x", "0:54", "local", "overlay"),
+])
+def test_filesystem_classification(path: str, device: str, kind: str, fstype: str) -> None:
+    mount = find_mount(parse_mountinfo(MOUNTINFO), path, device)
+    assert mount is not None and mount.fstype == fstype
+    assert classify(mount.fstype, mount.source) == kind
+
+
+def test_unknown_filesystems_are_not_called_local() -> None:
+    assert classify("fuseblk", "/dev/sdb1") == "local" and classify("virtiofs", "tag") == "unknown"
+    assert classify("weird", "/dev/sdc") == "local" and classify("fuse.sshfs") == "network"
