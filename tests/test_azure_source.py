@@ -14,7 +14,7 @@ from fakes.metadata import FakeMetadata
 from fakes.network import Silent, closed_port_url
 
 from esiwrap.deadline import ask
-from esiwrap.deadline.azure import AzureSource
+from esiwrap.deadline.azure_events import AzureSource
 from esiwrap.deadline.metadata import AZURE, VOLCENGINE, MetadataClient, Timeouts
 from esiwrap.deadline.spot import VOLCENGINE_SPOT_PATH, volcengine_spot
 from esiwrap.watcher import DeadlineWatcher

@@ -15,7 +15,7 @@ from fakes.metadata import FakeMetadata
 from fakes.network import Silent, closed_port_url
 
 from esiwrap.deadline import Answer, ask
-from esiwrap.deadline.gcp import GcpSource
+from esiwrap.deadline.gcp_notices import GcpSource
 from esiwrap.deadline.metadata import GCP, MetadataClient, Timeouts, _describe
 
 PREEMPTED = "instance/preempted"
