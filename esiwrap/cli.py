@@ -161,7 +161,7 @@ def deadline_command(argv: Sequence[str], environ: Mapping[str, str]) -> int:
 
 def _deadline_report(answers: Sequence[Answer], best: Any, now: float) -> dict[str, Any]:
     def one(answer: Answer) -> dict[str, Any]:
-        known = {"capacity": answer.capacity} if answer.capacity else {}
+        known: dict[str, str] = {"capacity": answer.capacity} if answer.capacity else {}
         if answer.early_warning:
             known["early_warning"] = answer.early_warning
         if answer.deadline is None:
