@@ -15,6 +15,7 @@ from fakes.azure import FakeAzureMetadata
 from fakes.fixtures import rfc3339_in
 from fakes.gcp import FakeGcpMetadata
 from fakes.metadata import FakeMetadata
+from fakes.network import closed_port_url
 
 from esiwrap.deadline.spot import AWS_REBALANCE_PATH, AWS_SPOT_PATH
 from esiwrap.deadline.value import iso_epoch
@@ -37,6 +38,10 @@ def requested_saves(run: EsiwrapRun) -> list[dict[str, object]]:
     return [e for e in run.events if e["event"] == "save_completed" and e.get("requested")]
 
 
+def unavailable(run: EsiwrapRun, words: str) -> list[dict[str, object]]:
+    return [e for e in run.events if e["event"] == "deadline_unavailable" and words in str(e["reason"])]
+
+
 def no_tracebacks(run: EsiwrapRun) -> bool:
     return not any("Traceback" in line for line in run.other_lines)
 
@@ -51,12 +56,16 @@ def test_azure_spot_eviction_is_saved_before_not_before(esiwrap, tmp_path: Path)
         event_id = fake.schedule("Preempt", 20)
         resolved = run.wait_event("deadline_resolved", timeout=30, source="azure")
         assert resolved["event_id"] == event_id and resolved["event_type"] == "Preempt"
+        fake.answer_next(200, b"<html>proxy error</html>", times=4)  # four polls of garbage
         assert run.finish(timeout=90) == EXIT_CHECKPOINTED, run.names()
         not_before = iso_epoch(str(resolved["deadline"]))
         saves = requested_saves(run)
         assert saves and at(saves[-1]) < not_before
         assert at(run.first("supervisor_exit")) < not_before
         assert not fake.approvals  # no --azure-ack: nothing approved
+    garbled = unavailable(run, "unparsable")
+    assert len(garbled) == 1 and garbled[0]["level"] == "warning"  # once, and the deadline stood
+    assert "deadline_withdrawn" not in run.names()
     assert (tmp_path / "latest.pt").exists() and no_tracebacks(run)
 
 
@@ -115,17 +124,22 @@ def test_gcp_preemption_is_saved_within_the_30_seconds(esiwrap, tmp_path: Path) 
         assert at(resolved) - preempted_at < 3.0
         end = iso_epoch(str(resolved["deadline"]))
         assert preempted_at + 30 - 0.5 <= end <= at(resolved) + 30
+        fake.answer_next(500, b"oops", times=8)  # the server fails for a few rounds
         assert run.finish(timeout=90) == EXIT_CHECKPOINTED, run.names()
         assert any(r.hanging for r in fake.of("instance/preempted"))
     saves = requested_saves(run)
     assert saves and at(saves[-1]) < end and no_tracebacks(run)
+    failed = [str(e["reason"]) for e in unavailable(run, "HTTP 500")]
+    assert failed and len(failed) == len(set(failed))  # each reason once, however often it recurs
+    assert "deadline_withdrawn" not in run.names()
 
 
 def test_gcp_host_maintenance_with_a_declared_notice(esiwrap, tmp_path: Path) -> None:
     """TERMINATE_ON_HOST_MAINTENANCE with --gcp-maintenance-notice 20: first seen + 20 s."""
     with FakeGcpMetadata(preemptible=False) as fake:
-        run = esiwrap(*run_args(tmp_path, "gcp", "--gcp-maintenance-notice", "20"),
-                      env={"ESIWRAP_GCP_METADATA_URL": fake.url})
+        # azure too, refused (nothing listens at its URL): logged once, at info, however often asked
+        env = {"ESIWRAP_GCP_METADATA_URL": fake.url, "ESIWRAP_AZURE_METADATA_URL": closed_port_url()}
+        run = esiwrap(*run_args(tmp_path, "gcp,azure", "--gcp-maintenance-notice", "20"), env=env)
         run.wait_event("trainer_attached", timeout=60)
         noticed_at = time.time()
         fake.set("instance/maintenance-event", "TERMINATE_ON_HOST_MAINTENANCE")
@@ -136,6 +150,9 @@ def test_gcp_host_maintenance_with_a_declared_notice(esiwrap, tmp_path: Path) ->
         assert run.finish(timeout=90) == EXIT_CHECKPOINTED, run.names()
     saves = requested_saves(run)
     assert saves and at(saves[-1]) < end
+    refused = [e for e in run.events if e["event"] == "deadline_unavailable" and e["source"] == "azure"]
+    assert len(refused) == 1 and refused[0]["level"] == "info"
+    assert "connection refused" in str(refused[0]["reason"])
 
 
 def test_aws_rebalance_takes_a_save_and_training_goes_on(esiwrap, tmp_path: Path,
