@@ -40,6 +40,7 @@ FIRST_CALL_READ_S = 130.0  # "expect a delayed response in your first call of up
 MINIMUM_NOTICE_S = {"Preempt": 30.0, "Terminate": 300.0, "Redeploy": 600.0, "Reboot": 900.0,
                     "Freeze": 900.0}
 INTERRUPTING = frozenset(MINIMUM_NOTICE_S)
+PRIORITY_ATTEMPTS = 3  # the capacity is worth a few tries, not one more request every second
 PRIORITY_CAPACITY: dict[str, CapacityKind] = {"spot": "spot", "low": "spot", "regular": "on-demand"}
 # Before a first document was read, these answers mean another service sits at the address
 # (AWS's IMDS answers 401 or 404, GCP's 403 or 404): this is not an Azure VM.
@@ -76,7 +77,7 @@ class AzureSource:
         self._enabled = False  # a document was read: the service answers at once from now on
         self._vm: str | None = None
         self._vm_trouble = ""  # why the name is unknown (then every event counts)
-        self._priority_known = False
+        self._priority_tries = 0
         self._started_at: dict[str, float] = {}  # event id -> first seen started (or unreadable)
         self._ours: tuple[ScheduledEvent, ...] = ()  # the interrupting events for this VM, last read
         self._incarnation = ""
@@ -112,12 +113,13 @@ class AzureSource:
                 self._vm_trouble = f"{self.metadata.base_url} has no compute/name"
                 return
             self._vm, self._vm_trouble = name.strip(), ""
-        if not self._priority_known:
+        if self._priority_tries < PRIORITY_ATTEMPTS:
+            self._priority_tries += 1
             try:
                 priority = self.metadata.get(PRIORITY_PATH)
             except MetadataError:
-                return  # asked again at the next poll
-            self._priority_known = True
+                return  # asked again at the next poll, a few times
+            self._priority_tries = PRIORITY_ATTEMPTS
             self.capacity = PRIORITY_CAPACITY.get((priority or "").strip().lower())
 
     def _document(self) -> str:
