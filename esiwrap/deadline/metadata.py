@@ -20,7 +20,6 @@ Only the stdlib is used: no proxy is ever consulted for the metadata address.
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from collections.abc import Mapping
@@ -263,6 +262,8 @@ def _describe(exc: OSError) -> str:
         return str(exc) or "timed out"
     if isinstance(exc, ConnectionRefusedError):
         return "connection refused"
+    import socket  # loaded with http.client already; not at start-up
+
     if isinstance(exc, socket.gaierror):  # metadata.google.internal off GCP
         return f"cannot resolve the host ({exc.strerror or exc})"
     return exc.strerror or str(exc) or type(exc).__name__
