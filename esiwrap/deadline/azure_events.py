@@ -24,7 +24,7 @@ import json
 from dataclasses import dataclass
 from datetime import timezone
 from email.utils import parsedate_to_datetime
-from typing import Any
+from typing import Any, NoReturn
 
 from esiwrap.deadline.metadata import MetadataClient, MetadataError, MetadataUnreachable
 from esiwrap.deadline.value import CapacityKind, Deadline
@@ -133,11 +133,10 @@ class AzureSource:
             raise SourceUnavailable(f"Scheduled Events failed: {exc}; asked again in a second") from None
         if reply is None:
             self._not_azure(f"{self.metadata.base_url}: no Scheduled Events (HTTP 404)")
-        assert reply is not None
         self._enabled = True
         return reply.body
 
-    def _not_azure(self, what: str) -> None:
+    def _not_azure(self, what: str) -> NoReturn:
         self._back_off()
         msg = f"not an Azure metadata service, not on {self.metadata.dialect.where}? ({what})"
         raise SourceUnavailable(msg, expected=True)

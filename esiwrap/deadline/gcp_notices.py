@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import NoReturn
 
 from esiwrap.deadline.metadata import MetadataClient, MetadataError, MetadataUnreachable, Reply, Timeouts
 from esiwrap.deadline.value import CapacityKind, Deadline
@@ -109,9 +110,10 @@ class GcpSource:
             reply = self.metadata.read(path, timeouts)
         except MetadataError as exc:
             self._etag = ""  # the next round reads plainly
+            what = str(exc).replace(path, path.partition("?")[0])  # the reason must not vary with the ETag
             if not self._answered and exc.status in NOT_GCP_STATUSES:
-                self._not_gcp(str(exc))
-            raise SourceUnavailable(f"instance/{item} failed: {exc}") from None
+                self._not_gcp(what)
+            raise SourceUnavailable(f"instance/{item} failed: {what}") from None
         if reply is None:
             if not self._answered:
                 self._not_gcp(f"{self.metadata.base_url}{path} answered HTTP 404")
@@ -122,7 +124,7 @@ class GcpSource:
         self._backoff_s = min(self._max_backoff_s, self._backoff_s * 2)
         self._period_s = self._backoff_s
 
-    def _not_gcp(self, what: str) -> None:
+    def _not_gcp(self, what: str) -> NoReturn:
         self._back_off()
         msg = f"not a Compute Engine metadata server, not on {self.metadata.dialect.where}? ({what})"
         raise SourceUnavailable(msg, expected=True)
