@@ -261,6 +261,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="repeatable; default: " + "; ".join(DEFAULT_POLICIES))
     p.add_argument("--jobs", type=int, default=1, help="worker processes (1)")
     p.add_argument("--json", metavar="PATH", help="also write every figure as JSON ('-': stdout only)")
+    p.add_argument("--compare", nargs=2, metavar=("BEFORE", "AFTER"),
+                   help="simulate nothing: the before -> after table of esiwrap (the first --policy "
+                   "naming esiwrap, else esiwrap at its defaults) from two --json files")
     g = p.add_argument_group("traces")
     g.add_argument("--horizons", type=_horizons, default=list(HORIZONS.values()),
                    help="times to the deadline (±10 %%), each a set of runs: 1h,8h,24h (default) or seconds")
@@ -306,8 +309,43 @@ def params_from(ns: argparse.Namespace) -> Params:
     )
 
 
+def compare_table(before: dict[str, Any], after: dict[str, Any], policy: str = "esiwrap") -> list[str]:
+    """Family by family and horizon, `policy` in two --json documents (the oracle's loss from the
+    second): missed, work lost (a run with no save counted whole), ÷ oracle, extra saves."""
+    def index(doc: dict[str, Any]) -> dict[tuple[float, str, str], dict[str, Any]]:
+        return {(r.get("horizon_s", 3600.0), r["family"], r["policy"]): r for r in doc["results"]}
+
+    old, new = index(before), index(after)
+    lines = ["| family | horizon | missed before → after | lost before → after (s) | ÷ oracle before → after "
+             "| extra saves/run before → after |", "|---|--:|--:|--:|--:|--:|"]
+    for horizon, family, name in new:
+        if name != policy or (horizon, family, policy) not in old:
+            continue
+        a, b = old[(horizon, family, policy)], new[(horizon, family, policy)]
+        oracle = new.get((horizon, family, "oracle"))
+        ratio = "–"
+        if oracle and oracle["lost_mean_with_misses_s"]:
+            base = oracle["lost_mean_with_misses_s"]
+            ratio = f"{a['lost_mean_with_misses_s'] / base:.2f} → {b['lost_mean_with_misses_s'] / base:.2f}"
+        lines.append(f"| {family} | {horizon_label(horizon)} | {a['missed']} → {b['missed']} | "
+                     f"{a['lost_mean_with_misses_s']:.0f} → {b['lost_mean_with_misses_s']:.0f} | {ratio} | "
+                     f"{a['extra_saves']:.2f} → {b['extra_saves']:.2f} |")
+    return lines
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ns = build_parser().parse_args(argv)
+    if ns.compare:
+        documents = []
+        for path in ns.compare:
+            try:
+                with open(path, encoding="utf-8") as handle:
+                    documents.append(json.load(handle))
+            except (OSError, ValueError) as exc:
+                usage_error(f"--compare {path!r}: {exc}; give two files written by --json")
+        named = [p for p in ns.policies or [] if p.split()[0] == "esiwrap"]
+        print("\n".join(compare_table(*documents, named[0] if named else "esiwrap")))
+        return 0
     families = [f.strip() for f in ns.families.split(",") if f.strip()]
     unknown = [f for f in families if f not in FAMILIES]
     if unknown:

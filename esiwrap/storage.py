@@ -28,10 +28,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-PROBE_MAX_BYTES = 128 << 20
+PROBE_MAX_BYTES = 1 << 30
 PROBE_MIN_BYTES = 1 << 20  # a checkpoint smaller than the probe: write this much at least
 PROBE_CHUNK_BYTES = 8 << 20  # one write + fdatasync
-PROBE_MAX_S = 1.5  # stop after the chunk that crosses this
+PROBE_MAX_S = 2.0  # stop after the chunk that crosses this
 PROBE_FREE_SHARE = 0.01  # never more than this share of the free space
 MAX_CHECKPOINT_FILES = 100_000  # a previous checkpoint's walk stops here
 MIN_SPANNED_SHARE = 0.5  # the files' times tell a speed only when most bytes fall inside their span

@@ -13,7 +13,7 @@ from esiwrap_harness import PYTHON, TINY_TRAINER, EsiwrapRun
 
 from esiwrap.deadline.value import iso_epoch
 from esiwrap.errors import EXIT_CHECKPOINTED, EXIT_SAVE_MISSED
-from esiwrap.storage import measure_checkpoint, probe_bandwidth
+from esiwrap.storage import PROBE_MAX_BYTES, PROBE_MAX_S, measure_checkpoint, probe_bandwidth
 
 PACE_BPS = 8e6  # the filesystem's write speed: a 24 MB checkpoint takes 3 s or more
 FROZEN_MB = "24"
@@ -39,7 +39,7 @@ def test_the_probe_measures_the_paced_storage_and_leaves_nothing(slow_storage: P
     probe = probe_bandwidth(str(slow_storage))
     assert probe.bandwidth_bps is not None and probe.error == ""
     assert probe.bandwidth_bps <= PACE_BPS * 1.1
-    assert 0 < probe.written_bytes <= 128 << 20
+    assert 0 < probe.written_bytes <= PROBE_MAX_BYTES and probe.seconds < 2 * PROBE_MAX_S
     assert not [p for p in os.listdir(slow_storage) if p.startswith(".esiwrap-probe-")]
 
 

@@ -143,3 +143,24 @@ def test_the_simulated_supervisor_saves_where_the_real_one_did(esiwrap) -> None:
     assert outcome.saved_step is not None
     assert abs(outcome.saved_step - completed[-1]["step"]) <= 1, (outcome, completed)
     assert abs(outcome.saves - len(completed)) <= 1
+
+
+def test_compare_prints_before_and_after_from_two_json_files(tmp_path: Path, capsys) -> None:
+    """--compare simulates nothing: it reads two --json documents and prints esiwrap's figures
+    side by side, with the oracle's loss of the second; a file that is not JSON is one line, exit 2."""
+    before, after = tmp_path / "before.json", tmp_path / "after.json"
+    assert simulate.main(["--runs", "3", "--families", "constant", "--horizons", "1h", "--policy", "esiwrap",
+                          "--policy", "oracle", "--early-prob", "0.5", "--json", str(before)]) == 0
+    assert simulate.main(["--runs", "3", "--families", "constant", "--horizons", "1h", "--policy", "esiwrap",
+                          "--policy", "oracle", "--json", str(after)]) == 0
+    capsys.readouterr()
+    assert simulate.main(["--compare", str(before), str(after)]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| constant")]
+    docs = [json.loads(p.read_text()) for p in (before, after)]
+    ours = [next(r for r in d["results"] if r["policy"] == "esiwrap") for d in docs]
+    lost = [r["lost_mean_with_misses_s"] for r in ours]
+    assert rows == [rows[0]] and f"{lost[0]:.0f} → {lost[1]:.0f}" in rows[0]
+    (tmp_path / "bad.json").write_text("not json")
+    with pytest.raises(SystemExit) as exited:
+        simulate.main(["--compare", str(tmp_path / "bad.json"), str(after)])
+    assert exited.value.code == 2
