@@ -133,7 +133,8 @@ def test_the_first_call_may_take_long() -> None:
 
 def test_the_first_call_holds_up_no_other_source(fake_metadata: FakeMetadata) -> None:
     """Asked by the watcher, a slow first Azure call does not delay another source's first
-    answer: that one is handed over with the first round, Azure's when it comes."""
+    answer: that one is handed over with the first round, Azure's when it comes (the spot
+    source's next poll, 5 s on, may come before or after it)."""
     fake_metadata.set(VOLCENGINE_SPOT_PATH, "2030-01-01T00:00:00Z")
     wake_r, wake_w = socket.socketpair()
     with FakeAzureMetadata(enable_delay_s=5.0) as fake:
@@ -145,13 +146,23 @@ def test_the_first_call_holds_up_no_other_source(fake_metadata: FakeMetadata) ->
         try:
             first = _next_batch(watcher, wake_r, 10.0)
             first_at = time.monotonic() - started
-            second = _next_batch(watcher, wake_r, 10.0)
+            later = _answers_until(watcher, wake_r, "azure", 10.0)
         finally:
             watcher.stop()
             wake_r.close()
             wake_w.close()
     assert [a.source for a in first] == ["volcengine-spot"] and first_at < 4.5
-    assert [a.source for a in second] == ["azure"] and second[0].deadline is not None
+    assert {a.source for a in later[:-1]} <= {"volcengine-spot"}
+    assert later[-1].source == "azure" and later[-1].deadline is not None, later[-1].reason
+
+
+def _answers_until(watcher: DeadlineWatcher, wake: socket.socket, source: str, timeout: float) -> list:
+    """The answers handed over up to and including the first from `source`."""
+    deadline = time.monotonic() + timeout
+    answers: list = []
+    while not any(a.source == source for a in answers):
+        answers.extend(_next_batch(watcher, wake, max(0.01, deadline - time.monotonic())))
+    return answers[:next(i for i, a in enumerate(answers) if a.source == source) + 1]
 
 
 def _next_batch(watcher: DeadlineWatcher, wake: socket.socket, timeout: float) -> list:
