@@ -15,7 +15,7 @@ type names are `esiwrap.messages`):
     {"type": "start", "pid": P, "step": N, "resume_mode": "auto", "default_local_dir": "..."}
     {"type": "deadline", "pid": P, "source": "node:1a2b3c4d/env:MLP", "at": 1764470111.0,
      "raw": "...", "lead_s": 0, "detail": {"node_id": "...", "address": "..."}, "reason": "",
-     "expected": false, "withdrawn": false}
+     "expected": false, "withdrawn": false, "capacity": "spot", "early_warning": ""}
 
 `hello.signal` false means "do not signal me" (a process reached through a relay, such as
 verl's TaskRunner behind its driver); `hello.saves` false means "I take no part in saves" (ranks

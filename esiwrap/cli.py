@@ -162,11 +162,14 @@ def deadline_command(argv: Sequence[str], environ: Mapping[str, str]) -> int:
 
 def _deadline_report(answers: Sequence[Answer], best: Any, now: float) -> dict[str, Any]:
     def one(answer: Answer) -> dict[str, Any]:
+        known: dict[str, str] = {"capacity": answer.capacity} if answer.capacity else {}
+        if answer.early_warning:
+            known["early_warning"] = answer.early_warning
         if answer.deadline is None:
-            return {"source": answer.source, "ok": False, "reason": answer.reason}
+            return {"source": answer.source, "ok": False, "reason": answer.reason, **known}
         d = answer.deadline
         return {"source": answer.source, "ok": True, "deadline": d.iso(), "epoch": d.at,
-                "raw": d.raw, "lead_s": d.lead_s, "remaining_s": round(d.at - now, 3), **d.detail}
+                "raw": d.raw, "lead_s": d.lead_s, "remaining_s": round(d.at - now, 3), **d.detail, **known}
 
     return {"sources": [one(a) for a in answers], **_ruling(best, now, "no source knows the deadline")}
 

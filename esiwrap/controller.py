@@ -310,6 +310,11 @@ class ExtendStopTimeout(NamedTuple):
     seconds: float
 
 
+class ReleaseCapacity:
+    """Exit 75 and the child's tree is gone: the run is done with this capacity, so the sources
+    may let their platform go ahead (Azure `--azure-ack`: approve the scheduled event)."""
+
+
 class Exit(NamedTuple):
     code: int
     reason: str
@@ -350,7 +355,7 @@ TRAINER_REPORTS = (Step, SaveBegin, SaveSnapshot, SaveEnd, CheckpointSize, Train
 
 Action = (
     SendSignal | StopChild | KillTree | TermLeftovers | CheckTree | Log | NotifyStopping | ExtendStopTimeout
-    | KeepState | Exit | ProbeStorage | StartUpload | StopUpload | CheckFilesystem
+    | KeepState | ReleaseCapacity | Exit | ProbeStorage | StartUpload | StopUpload | CheckFilesystem
 )
 PROBE_REPEAT_S = 6 * 3600.0  # while no save is measured, probe the storage again this often
 
@@ -426,6 +431,7 @@ class Controller:
         self.deadline_pending = True  # no deadline answer handed over yet
         self._known: dict[str, Deadline] = {}
         self._unavailable: dict[str, str] = {}
+        self._early_warnings: dict[str, str] = {}  # source -> the early warning it gives now
         self.trainers: dict[int, Trainer] = {}
         self.child_pid: int | None = None
         self.child_status: int | None = None  # esiwrap's exit status for the child's end
@@ -817,8 +823,8 @@ class Controller:
             return
         if self.mode is Mode.SAVE_REQUESTED:
             self.mode = Mode.RUNNING
-        if request.reason == "manual":
-            return  # a save by hand changes nothing in the plan
+        if request.reason in ("manual", "early_warning"):
+            return  # a save by hand, or on an early warning, changes nothing in the plan
         if request.kind in ("insurance", "final"):
             self.deadline_saves_done += 1
         self.plan = None
@@ -1104,17 +1110,19 @@ class Controller:
     def _on_deadline_answers(self, given: DeadlineAnswers, now: Now) -> None:
         self.deadline_pending = False
         capacity_before = self.obs.capacity
+        cancelled = False  # the ruling deadline's own source took it back
         for answer in given.answers:
             if answer.capacity is not None:
                 self._capacities[answer.source] = answer.capacity
             if answer.source.startswith(NODE_PREFIX):
                 self._node_sources.add(answer.source)
-            if answer.withdrawn:  # a node that left the cluster: its deadline no longer counts
+            if answer.withdrawn:  # a node that left, an event cancelled: its deadline no longer counts
                 self._capacities.pop(answer.source, None)
                 self._node_sources.discard(answer.source)
                 known = self._known.pop(answer.source, None)
                 if known is not None or self._unavailable.pop(answer.source, None) is not None:
                     self._log("info", ev.DEADLINE_WITHDRAWN, source=answer.source, reason=answer.reason)
+                cancelled |= self._took_back_the_ruling_deadline(answer, known)
             elif answer.deadline is not None:
                 self._known[answer.source] = answer.deadline
                 self._unavailable.pop(answer.source, None)
@@ -1122,10 +1130,13 @@ class Controller:
                 self._unavailable[answer.source] = answer.reason
                 level: LogLevel = "info" if answer.expected else "warning"
                 self._log(level, ev.DEADLINE_UNAVAILABLE, source=answer.source, reason=answer.reason)
+            self._early_warning(answer, now)
         self._update_capacity()
         new = winner(Answer(d.source, deadline=d) for d in self._known.values())
         if new is not None:
             self._set_deadline(new, now)
+        elif cancelled:  # and no other source knows one; a node that left keeps the last one instead
+            self._deadline_gone()
         elif self.obs.capacity != capacity_before:
             self._replan(now)
 
@@ -1140,6 +1151,47 @@ class Controller:
         watched = len({source.split("/", 1)[0] for source in self._node_sources})
         nodes = max(self._trainer_nodes, 1 + watched)
         self.obs.capacity = Capacity(kind, nodes, source)
+
+    def _took_back_the_ruling_deadline(self, answer: Answer, known: Deadline | None) -> bool:
+        """The ruling deadline's own source withdrew it (an Azure event cancelled). A node that
+        left the cluster is no such news: its last deadline is kept (README: Several nodes)."""
+        ruling = self.deadline
+        return known is not None and ruling is not None and known.source == ruling.source \
+            and not answer.source.startswith(NODE_PREFIX)
+
+    def _deadline_gone(self) -> None:
+        """No deadline any more (the announced event was cancelled, or is over): nothing is
+        planned until a new one comes, and that one is planned afresh (a new insurance save)."""
+        self.deadline, self.plan, self._logged_signal_at = None, None, None
+        self.deadline_saves_done, self._warned_too_close = 0, False
+        if self.mode is Mode.CONTINUING:
+            self.mode = Mode.RUNNING
+
+    def _early_warning(self, answer: Answer, now: Now) -> None:
+        """A new early warning from a source (EC2 rebalance: elevated risk of interruption) asks
+        for a save now, once per warning: not a deadline, so the plan stays as it is."""
+        if answer.early_warning == self._early_warnings.get(answer.source, ""):
+            return
+        if not answer.early_warning:
+            del self._early_warnings[answer.source]
+            return
+        self._early_warnings[answer.source] = answer.early_warning
+        why_not = self._why_no_save_now()
+        self._log("warning", ev.EARLY_WARNING, source=answer.source, reason=answer.early_warning,
+                  action=why_not or "save now")
+        if why_not is None:
+            self._request_save("early_warning", now)
+
+    def _why_no_save_now(self) -> str | None:
+        if self.stop is not None or self.mode in (Mode.DRAINING, Mode.STOPPING, Mode.KILLING):
+            return "none: stopping"
+        if self.request is not None:
+            return "none: a save is under way"
+        if self._progress_is_saved():
+            return "none: the latest step is saved"
+        if not self._signal_targets():
+            return "none: no trainer attached"
+        return None
 
     def _set_deadline(self, new: Deadline, now: Now) -> None:
         old = self.deadline
@@ -1428,6 +1480,8 @@ class Controller:
         if code == EXIT_CHECKPOINTED and self.config.uploads and not self._last_checkpoint_uploaded():
             code, reason = EXIT_NOT_UPLOADED, f"{reason}; {self._not_uploaded_reason()}"
         self._exited = True
+        if code == EXIT_CHECKPOINTED:
+            self._out.append(ReleaseCapacity())
         self._out.append(Exit(code, reason))
 
     def _last_checkpoint_uploaded(self) -> bool:

@@ -34,12 +34,14 @@ class SourceUnavailable(EsiwrapError):
     """A deadline source could not answer; the reason is for a person to act on.
 
     `expected` marks the ordinary case of a source that does not apply here (a variable that is
-    not set, not running on that cloud): logged at info level, not as a warning.
+    not set, not running on that cloud): logged at info level, not as a warning. `withdrawn`: what
+    the source said before no longer holds (an announced event was cancelled or is over).
     """
 
-    def __init__(self, reason: str, *, expected: bool = False) -> None:
+    def __init__(self, reason: str, *, expected: bool = False, withdrawn: bool = False) -> None:
         super().__init__(reason)
         self.expected = expected
+        self.withdrawn = withdrawn
 
 
 class Halt(Exception):

@@ -35,6 +35,7 @@ from esiwrap import events as ev
 from esiwrap.channel import ChannelServer, Message
 from esiwrap.controller import Controller, ControllerConfig, Now
 from esiwrap.deadline import Source, ask, remote
+from esiwrap.deadline.chain import release
 from esiwrap.envvars import HOOK_SWITCH_ENV, RUN_ID_ENV, SIGNAL_ENV, SOCKET_ENV, TRAINER_SIGTERM_SAVE
 from esiwrap.errors import EXIT_CHECKPOINTED, EXIT_FAILURE, EXIT_NOT_EXECUTABLE, CommandError, Halt
 from esiwrap.log import get_logger
@@ -93,6 +94,7 @@ class Supervisor:
         self._background: queue.SimpleQueue[core.Input] = queue.SimpleQueue()  # from helper threads
         self._environ = dict(os.environ if environ is None else environ)
         self._clock = clock
+        self._sources = list(sources)
         # Sources whose answer cannot change are local and instant: asked before the child starts.
         self._static = [s for s in sources if s.period_s is None]
         self._selector = selectors.DefaultSelector()
@@ -279,6 +281,8 @@ class Supervisor:
                     self._upload.signal(signum)
             elif isinstance(action, core.CheckFilesystem):
                 self._check_filesystem(action.path)
+            elif isinstance(action, core.ReleaseCapacity):
+                self._release_capacity()
             elif isinstance(action, core.Exit):
                 raise Halt(action.reason, action.code)
 
@@ -338,6 +342,15 @@ class Supervisor:
             self._poke()
 
         threading.Thread(target=look, name="esiwrap-filesystem", daemon=True).start()
+
+    def _release_capacity(self) -> None:
+        """On the way out with exit 75: each source may let its platform go ahead. Only the
+        exit waits for it (the child's tree is gone), each source bounding its own time."""
+        for source in self._sources:
+            released = release(source)
+            if released is not None:
+                log = self.log.info if released.ok else self.log.warning
+                log(ev.CAPACITY_RELEASED, source=source.name, ok=released.ok, detail=released.detail)
 
     def _stop_child(self, name: str | None) -> None:
         child = self._child_pid

@@ -14,12 +14,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from esiwrap_harness import EsiwrapRun
 
-# No test may reach a real cloud metadata address (100.96.0.96, 169.254.169.254): by default every
-# esiwrap started by a test is pointed at a closed loopback port; tests that need a metadata
-# service start a loopback fake and pass its URL.
+# No test may reach a real cloud metadata address (100.96.0.96, 169.254.169.254,
+# metadata.google.internal): by default every esiwrap started by a test is pointed at a closed
+# loopback port; tests that need a metadata service start a loopback fake and pass its URL.
 NO_METADATA_URL = "http://127.0.0.1:9"
 os.environ["ESIWRAP_METADATA_URL"] = NO_METADATA_URL
 os.environ["ESIWRAP_AWS_METADATA_URL"] = NO_METADATA_URL
+os.environ["ESIWRAP_AZURE_METADATA_URL"] = NO_METADATA_URL
+os.environ["ESIWRAP_GCP_METADATA_URL"] = NO_METADATA_URL
 os.environ["VOLCENGINE_ECS_METADATA_DISABLED"] = "true"  # the SDK's IAM-role credential lookup
 
 # freezegun patches time functions by scanning every loaded module; the frameworks some tests load

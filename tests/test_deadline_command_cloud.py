@@ -8,7 +8,9 @@ import sys
 import time
 from collections.abc import Mapping
 
+from fakes.azure import FakeAzureMetadata
 from fakes.fixtures import CREDENTIALS, SCHEDULED_ID, rfc3339_in
+from fakes.gcp import FakeGcpMetadata
 from fakes.metadata import FakeMetadata
 from fakes.network import Blackhole
 from fakes.volcengine_api import ACCESS_DENIED, FakeVolcengineApi
@@ -91,3 +93,30 @@ def test_a_notice_beats_the_release_time(cloud_env: dict[str, str], fake_metadat
     out = deadline("--json", "--sources", "volcengine,volcengine-spot", env=cloud_env)
     report = json.loads(out.stdout)
     assert report["source"] == "volcengine-spot" and report["epoch"] == parse_iso(notice)
+
+
+def test_azure_gcp_and_aws_each_answer(fake_azure: FakeAzureMetadata, fake_gcp: FakeGcpMetadata,
+                                       fake_aws_metadata: FakeMetadata) -> None:
+    """`esiwrap deadline` with the three new clouds' sources: Azure's Preempt NotBefore, GCP's
+    preemption (first seen + 30 s) and AWS's rebalance warning, each with its capacity; the
+    earliest rules."""
+    event_id = fake_azure.schedule("Preempt", 600)
+    fake_gcp.set("instance/preempted", "TRUE")
+    fake_aws_metadata.set("/latest/meta-data/events/recommendations/rebalance",
+                          json.dumps({"noticeTime": "2027-01-15T08:00:00Z"}))
+    fake_aws_metadata.set("/latest/meta-data/instance-life-cycle", "spot")
+    env = {"ESIWRAP_AZURE_METADATA_URL": fake_azure.url, "ESIWRAP_GCP_METADATA_URL": fake_gcp.url,
+           "ESIWRAP_AWS_METADATA_URL": fake_aws_metadata.url}
+    before = time.time()
+    out = deadline("--json", "--sources", "azure,gcp,aws-spot", env=env)
+    assert out.returncode == EXIT_OK, out.stderr
+    report = json.loads(out.stdout)
+    by_name = {s["source"]: s for s in report["sources"]}
+    assert by_name["azure"]["event_id"] == event_id and by_name["azure"]["capacity"] == "spot"
+    assert by_name["gcp"]["ok"] and before + 30 <= by_name["gcp"]["epoch"] <= time.time() + 30
+    assert by_name["aws-spot"]["reason"] == "no spot interruption notice"
+    assert by_name["aws-spot"]["capacity"] == "spot"
+    assert "noticeTime 2027-01-15T08:00:00Z" in by_name["aws-spot"]["early_warning"]
+    assert report["source"] == "gcp"
+    table = deadline("--sources", "azure,gcp", env=env)
+    assert table.stdout.splitlines()[0].startswith("azure ") and "from gcp," in table.stdout

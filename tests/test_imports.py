@@ -18,6 +18,7 @@ PACKAGE = Path(registry.__file__).resolve().parent.parent
 ENTRY_POINTS = {"esiwrap._console", "esiwrap.__main__"}
 HEAVY_SOURCE_MODULES = (
     "esiwrap.deadline.metadata", "esiwrap.deadline.spot", "esiwrap.deadline.volcengine_api",
+    "esiwrap.deadline.azure_events", "esiwrap.deadline.gcp_notices",
 )
 
 
@@ -145,8 +146,9 @@ def test_heavy_source_modules_load_only_for_the_sources_that_need_them() -> None
         f"heavy = {HEAVY_SOURCE_MODULES!r}\n"
         "build_sources(['cli', 'env'], source_values(), {}, 0.0)\n"
         "print(sorted(m for m in heavy if m in sys.modules))\n"
-        "local = source_values(metadata_url='http://127.0.0.1:9', aws_metadata_url='http://127.0.0.1:9')\n"
-        "build_sources(['volcengine', 'aws-spot'], local, {}, 0.0)\n"
+        "local = source_values(metadata_url='http://127.0.0.1:9', aws_metadata_url='http://127.0.0.1:9',\n"
+        "                      azure_metadata_url='http://127.0.0.1:9', gcp_metadata_url='http://127.0.0.1:9')\n"
+        "build_sources(['volcengine', 'aws-spot', 'azure', 'gcp'], local, {}, 0.0)\n"
         "print(sorted(m for m in heavy if m in sys.modules))\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,

@@ -46,6 +46,8 @@ def test_answers_travel_as_plain_fields_and_only_a_nodes_are_taken() -> None:
         Answer("node:1a2b3c4d/volcengine", deadline=deadline),
         Answer("node:1a2b3c4d/env:MLP", reason="not set", expected=True),
         Answer("node:1a2b3c4d/env:MLP", reason="the node left the cluster", withdrawn=True),
+        Answer("node:1a2b3c4d/aws-spot", reason="no spot interruption notice", expected=True,
+               capacity="spot", early_warning="EC2 rebalance recommendation (noticeTime …)"),
     ]
     for answer in answers:
         assert remote.from_fields(json.loads(json.dumps(remote.to_fields(answer))), time.time()) == answer

@@ -12,6 +12,8 @@ from fakes.network import closed_port_url
 from esiwrap.deadline import ask, parse_iso
 from esiwrap.deadline.metadata import AWS, VOLCENGINE, MetadataClient, Timeouts
 from esiwrap.deadline.spot import (
+    AWS_LIFE_CYCLE_PATH,
+    AWS_REBALANCE_PATH,
     AWS_SPOT_PATH,
     SPOT_POLL_S,
     VOLCENGINE_NOTICE_S,
@@ -94,3 +96,32 @@ def test_an_expired_token_is_renewed(fake_metadata: FakeMetadata) -> None:
     fake_metadata.tokens.clear()
     assert ask(spot, time.time()).reason == "no spot interruption notice"
     assert [h.method for h in fake_metadata.hits] == ["PUT", "GET", "GET", "PUT", "GET"]
+
+
+def test_aws_rebalance_recommendation_is_an_early_warning(fake_aws_metadata: FakeMetadata) -> None:
+    """The rebalance item (404 while there is none) is no deadline but the answer's early
+    warning, with its noticeTime; it clears when the item goes."""
+    spot = aws_spot(MetadataClient(fake_aws_metadata.url, AWS), 300.0)
+    assert ask(spot, time.time()).early_warning == ""
+    fake_aws_metadata.set(AWS_REBALANCE_PATH, json.dumps({"noticeTime": "2027-01-15T08:00:00Z"}))
+    answer = ask(spot, time.time())
+    assert answer.deadline is None and answer.reason == "no spot interruption notice"
+    assert answer.early_warning.startswith("EC2 rebalance recommendation (noticeTime 2027-01-15T08:00:00Z)")
+    fake_aws_metadata.set(AWS_REBALANCE_PATH, "<garbled>")  # still a recommendation: the item is there
+    assert "'<garbled>'" in ask(spot, time.time()).early_warning
+    fake_aws_metadata.set(AWS_REBALANCE_PATH, None)
+    assert ask(spot, time.time()).early_warning == ""
+    assert all(h.token_ok for h in fake_aws_metadata.gets(AWS_REBALANCE_PATH))
+
+
+def test_aws_instance_life_cycle_is_the_capacity(fake_aws_metadata: FakeMetadata) -> None:
+    """spot, on-demand, scheduled (a reservation): read once, not on every poll."""
+    spot = aws_spot(MetadataClient(fake_aws_metadata.url, AWS), 300.0)
+    fake_aws_metadata.set(AWS_LIFE_CYCLE_PATH, "spot")
+    assert ask(spot, time.time()).capacity == "spot"
+    assert ask(spot, time.time()).capacity == "spot"
+    assert len(fake_aws_metadata.gets(AWS_LIFE_CYCLE_PATH)) == 1
+    for life_cycle, capacity in (("on-demand", "on-demand"), ("scheduled", "reserved")):
+        other = aws_spot(MetadataClient(fake_aws_metadata.url, AWS), 300.0)
+        fake_aws_metadata.set(AWS_LIFE_CYCLE_PATH, life_cycle)
+        assert ask(other, time.time()).capacity == capacity

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import cast, get_args
+from typing import NamedTuple, cast, get_args
 
 from esiwrap.deadline.bounds import implausible
 from esiwrap.deadline.value import CapacityKind, Deadline, Source
@@ -25,8 +25,9 @@ class Answer:
     deadline: Deadline | None = None
     reason: str = ""
     expected: bool = False  # the source does not apply here; not worth a warning
-    withdrawn: bool = False  # forget what this source said (a node that left the cluster)
+    withdrawn: bool = False  # forget what this source said (a node that left, an event cancelled)
     capacity: CapacityKind | None = None  # what the source knows of the capacity's kind
+    early_warning: str = ""  # not a deadline: a risk that asks for a save now (EC2 rebalance), why
 
 
 def ask(source: Source, now: float) -> Answer:
@@ -38,16 +39,19 @@ def ask(source: Source, now: float) -> Answer:
     try:
         deadline = source.resolve(now)
     except SourceUnavailable as exc:
-        return Answer(source.name, reason=_text(exc), expected=exc.expected, capacity=_capacity(source))
+        return Answer(source.name, reason=_text(exc), expected=exc.expected, withdrawn=exc.withdrawn,
+                      capacity=_capacity(source), early_warning=_early_warning(source))
     except Exception as exc:  # a source bug must not take training down
-        return Answer(source.name, reason=f"unexpected {type(exc).__name__}: {_text(exc)}")
+        return Answer(source.name, reason=f"unexpected {type(exc).__name__}: {_text(exc)}",
+                      early_warning=_early_warning(source))
     if not isinstance(deadline, Deadline):
         return Answer(source.name, reason=f"unexpected answer {type(deadline).__name__}, not a Deadline")
     problem = implausible(deadline.at, now)
     if problem is not None:
         return Answer(source.name, reason=f"{deadline.raw!r} is not a plausible deadline: {problem}",
-                      capacity=_capacity(source))
-    return Answer(source.name, deadline=deadline, capacity=deadline.capacity or _capacity(source))
+                      capacity=_capacity(source), early_warning=_early_warning(source))
+    return Answer(source.name, deadline=deadline, capacity=deadline.capacity or _capacity(source),
+                  early_warning=_early_warning(source))
 
 
 CAPACITY_KINDS: frozenset[str] = frozenset(get_args(CapacityKind))
@@ -60,6 +64,33 @@ def _capacity(source: Source) -> CapacityKind | None:
     except Exception:
         return None
     return cast("CapacityKind", value) if value in CAPACITY_KINDS else None
+
+
+def _early_warning(source: Source) -> str:
+    """The source's `early_warning` attribute as one line of text, or "" (a bug there must not matter)."""
+    try:
+        value = getattr(source, "early_warning", None)
+    except Exception:
+        return ""
+    return " ".join(value.split())[:500] if isinstance(value, str) else ""
+
+
+class Released(NamedTuple):
+    ok: bool
+    detail: str  # what the source did, or why it could not
+
+
+def release(source: Source) -> Released | None:
+    """Let the source tell its platform the run is done with the capacity (`Source` docs); None
+    when it has nothing to do. Never raises: a failure is a `Released(ok=False)`."""
+    try:
+        hook = getattr(source, "release", None)
+        note = hook() if callable(hook) else None
+    except SourceUnavailable as exc:
+        return Released(False, _text(exc))
+    except Exception as exc:  # a source bug must not turn a clean exit 75 into a crash
+        return Released(False, f"unexpected {type(exc).__name__}: {_text(exc)}")
+    return Released(True, " ".join(note.split())) if isinstance(note, str) and note.strip() else None
 
 
 def _text(exc: BaseException) -> str:

@@ -7,6 +7,11 @@ header. Where tokens are not offered (the PUT is refused with 403/404/405) plain
 throttled or failed token request (429, 5xx) is retried with backoff and never turns tokens off,
 and a 401 on a GET fetches a fresh token and asks once more.
 
+Azure (`Metadata: true`) and GCP (`Metadata-Flavor: Google`) have no tokens: every request carries
+a fixed header instead (`Dialect.headers`, `token_path=None`). A request may bring its own
+timeouts (Azure's first Scheduled Events call, GCP's hanging GET) and sees the answer's headers
+(GCP's `ETag`).
+
 The address is link-local-ish and answers in milliseconds on a VM; off a VM it is unroutable, so
 timeouts are short and attempts few, and a failed connection is remembered for a moment so the
 sources that share this client (`volcengine`, `volcengine-spot`) do not each pay the timeout.
@@ -17,7 +22,9 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 TOKEN_PATH = "/latest/api/token"
 TOKEN_TTL_S = 21600
@@ -25,6 +32,7 @@ TOKEN_REUSE_S = TOKEN_TTL_S - 60  # renew a minute before the service forgets it
 # A definite "no tokens here" to the token PUT (AWS: 403 when IMDSv2 is off; 404/405 where the
 # path or method does not exist). Anything else (429, 5xx, 400, 401) is not a reason to give up.
 TOKEN_REFUSED = frozenset({403, 404, 405})
+MAX_ANSWER_BYTES = 65536  # an item, a Scheduled Events document: far smaller
 
 
 class MetadataUnreachable(Exception):
@@ -32,21 +40,37 @@ class MetadataUnreachable(Exception):
 
 
 class MetadataError(Exception):
-    """The metadata service answered, but not with what was asked for."""
+    """The metadata service answered, but not with what was asked for (`status`: its HTTP status)."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 @dataclass(frozen=True)
 class Dialect:
-    """The header names of one cloud's IMDSv2 flavour."""
+    """How one cloud's metadata service wants to be asked: its IMDSv2 token headers, or none
+    (`token_path=None`) and a fixed header on every request instead."""
 
     where: str  # for "not on <where>?"
-    ttl_header: str
-    token_header: str
+    ttl_header: str = ""
+    token_header: str = ""
+    token_path: str | None = TOKEN_PATH
+    headers: tuple[tuple[str, str], ...] = ()
 
 
 VOLCENGINE = Dialect("a Volcengine ECS instance", "X-volc-ecs-metadata-token-ttl-seconds",
                      "X-volc-ecs-metadata-token")
 AWS = Dialect("an AWS EC2 instance", "X-aws-ec2-metadata-token-ttl-seconds", "X-aws-ec2-metadata-token")
+AZURE = Dialect("an Azure VM", token_path=None, headers=(("Metadata", "true"),))
+GCP = Dialect("a Google Compute Engine VM", token_path=None, headers=(("Metadata-Flavor", "Google"),))
+
+
+class Reply(NamedTuple):
+    status: int
+    body: str
+    headers: Mapping[str, str]  # names in lower case
+    attempts: int = 1
 
 
 @dataclass(frozen=True)
@@ -56,6 +80,11 @@ class Timeouts:
     attempts: int = 2  # bounded: one retry
     backoff_s: float = 0.2  # before the retry; doubles per further attempt
     remember_unreachable_s: float = 4.0  # answer "unreachable" at once for this long
+
+    def reading_for(self, read_s: float) -> Timeouts:
+        """These timeouts with a longer read wait and a single attempt (a slow first answer, a
+        hanging GET: retrying it would double a wait that is already long)."""
+        return replace(self, read_s=read_s, attempts=1)
 
 
 class MetadataClient:
@@ -76,27 +105,38 @@ class MetadataClient:
         self._lock = threading.Lock()
         self._token: str | None = None
         self._token_until = 0.0
-        self._tokens_supported = True
+        self._tokens_supported = dialect.token_path is not None
         self._token_refusal = ""  # how the token request was refused, for reasons
         self._unreachable_until = 0.0
         self._unreachable_reason = ""
 
-    def get(self, path: str) -> str | None:
+    def get(self, path: str, timeouts: Timeouts | None = None) -> str | None:
         """The item's text, or None when the service says 404 (the item does not exist here)."""
-        token, token_trouble = self._session_token()
-        status, body, attempts = self._request("GET", path, self._token_headers(token))
-        if status == 401:
-            status, body, attempts = self._get_with_fresh_token(path, token, token_trouble)
-        if status == 404:
-            return None
-        if status != 200:
-            tries = f" after {attempts} attempts" if attempts > 1 else ""
-            msg = f"{self.base_url}{path} answered HTTP {status}{tries}"
-            raise MetadataError(msg)
-        return body
+        reply = self.read(path, timeouts)
+        return None if reply is None else reply.body
 
-    def _get_with_fresh_token(self, path: str, stale: str | None,
-                              token_trouble: str) -> tuple[int, str, int]:
+    def read(self, path: str, timeouts: Timeouts | None = None) -> Reply | None:
+        """The item's answer with its headers, or None on 404; MetadataError for any other
+        answer but 200, MetadataUnreachable when nothing answers."""
+        token, token_trouble = self._session_token()
+        reply = self._request("GET", path, self._token_headers(token), timeouts=timeouts)
+        if reply.status == 401 and self.dialect.token_path is not None:
+            reply = self._get_with_fresh_token(path, token, token_trouble)
+        if reply.status == 404:
+            return None
+        if reply.status != 200:
+            raise MetadataError(_answered(f"{self.base_url}{path}", reply), reply.status)
+        return reply
+
+    def post(self, path: str, body: str) -> Reply:
+        """POST a JSON body; MetadataError unless the service answers 200."""
+        headers = {"Content-Type": "application/json"}
+        reply = self._request("POST", path, headers, body=body.encode())
+        if reply.status != 200:
+            raise MetadataError(_answered(f"POST {self.base_url}{path}", reply), reply.status)
+        return reply
+
+    def _get_with_fresh_token(self, path: str, stale: str | None, token_trouble: str) -> Reply:
         """A 401: the item needs a token we do not hold (it expired early, or the flow was off).
         Fetch a fresh one and ask once more; a second 401 means the service refuses our tokens."""
         where = f"{self.base_url}{path}"
@@ -109,11 +149,11 @@ class MetadataClient:
             why = token_trouble or f"refused: {self._token_refusal}"
             msg = f"metadata token request failed ({why}), and {where} needs a token (HTTP 401)"
             raise MetadataError(msg)
-        status, body, attempts = self._request("GET", path, self._token_headers(fresh))
-        if status == 401:
+        reply = self._request("GET", path, self._token_headers(fresh))
+        if reply.status == 401:
             msg = f"metadata token refused: HTTP 401 on {where} with a fresh token"
             raise MetadataError(msg)
-        return status, body, attempts
+        return reply
 
     def _token_headers(self, token: str | None) -> dict[str, str]:
         return {} if token is None else {self.dialect.token_header: token}
@@ -132,7 +172,7 @@ class MetadataClient:
             if self._token is not None and time.monotonic() < self._token_until:
                 return self._token, ""
         ttl = {self.dialect.ttl_header: str(TOKEN_TTL_S)}
-        status, body, attempts = self._request("PUT", TOKEN_PATH, ttl)
+        status, body, _, attempts = self._request("PUT", self.dialect.token_path or TOKEN_PATH, ttl)
         with self._lock:
             if status == 200 and body.strip():
                 self._token, self._token_until = body.strip(), time.monotonic() + TOKEN_REUSE_S
@@ -151,56 +191,65 @@ class MetadataClient:
                 self._token = None
             self._tokens_supported = True
 
-    def _request(self, method: str, path: str, headers: dict[str, str]) -> tuple[int, str, int]:
-        """One HTTP exchange: (status, body, attempts made). Connection failures and transient
+    def _request(self, method: str, path: str, headers: dict[str, str], body: bytes | None = None,
+                 timeouts: Timeouts | None = None) -> Reply:
+        """One HTTP exchange, with the attempts it took. Connection failures and transient
         answers (429, 5xx) are retried with backoff, a bounded number of times; the last answer
         is returned. Nothing answering at all raises MetadataUnreachable."""
         with self._lock:
             if time.monotonic() < self._unreachable_until:
                 raise MetadataUnreachable(self._unreachable_reason)
-        t = self.timeouts
+        t = timeouts or self.timeouts
         failure = ""
-        answer: tuple[int, str] | None = None
+        answer: Reply | None = None
         attempts = max(1, t.attempts)
         for attempt in range(attempts):
             if attempt:
                 time.sleep(t.backoff_s * 2 ** (attempt - 1))
             try:
-                answer = self._exchange(method, path, headers)
-            except OSError as exc:  # refused, unreachable, timed out, reset
+                answer = self._exchange(method, path, {**dict(self.dialect.headers), **headers}, body, t)
+            except OSError as exc:  # refused, unreachable, timed out, reset, no such host
                 failure = _describe(exc)
                 continue
-            if not _transient(answer[0]):
-                return answer[0], answer[1], attempt + 1
+            if not _transient(answer.status):
+                return answer._replace(attempts=attempt + 1)
         if answer is not None:  # it answered, if only with 429/5xx
-            return answer[0], answer[1], attempts
+            return answer._replace(attempts=attempts)
         reason = f"{self.base_url}: {failure}"
         with self._lock:
             self._unreachable_until = time.monotonic() + t.remember_unreachable_s
             self._unreachable_reason = reason
         raise MetadataUnreachable(reason)
 
-    def _exchange(self, method: str, path: str, headers: dict[str, str]) -> tuple[int, str]:
+    def _exchange(self, method: str, path: str, headers: dict[str, str], body: bytes | None,
+                  t: Timeouts) -> Reply:
         import http.client  # only when a metadata source is asked: keeps `esiwrap -- cmd` start-up light
 
-        conn = http.client.HTTPConnection(self._host, self._port, timeout=self.timeouts.connect_s)
+        conn = http.client.HTTPConnection(self._host, self._port, timeout=t.connect_s)
         try:
             try:
                 conn.connect()
             except TimeoutError:
-                raise TimeoutError(f"connect timed out after {self.timeouts.connect_s:g}s") from None
+                raise TimeoutError(f"connect timed out after {t.connect_s:g}s") from None
             assert conn.sock is not None
-            conn.sock.settimeout(self.timeouts.read_s)
-            conn.request(method, path, headers=headers)
+            conn.sock.settimeout(t.read_s)
+            conn.request(method, path, body=body, headers=headers)
             try:
                 response = conn.getresponse()
-                return response.status, response.read(65536).decode("utf-8", "replace")
+                text = response.read(MAX_ANSWER_BYTES).decode("utf-8", "replace")
             except TimeoutError:
-                raise TimeoutError(f"no answer within {self.timeouts.read_s:g}s") from None
+                raise TimeoutError(f"no answer within {t.read_s:g}s") from None
+            names = {name.lower(): value for name, value in response.getheaders()}
+            return Reply(response.status, text, names)
         except http.client.HTTPException as exc:  # a garbled answer counts as a failed exchange
             raise ConnectionError(f"bad HTTP answer: {type(exc).__name__}") from None
         finally:
             conn.close()
+
+
+def _answered(what: str, reply: Reply) -> str:
+    tries = f" after {reply.attempts} attempts" if reply.attempts > 1 else ""
+    return f"{what} answered HTTP {reply.status}{tries}"
 
 
 def _transient(status: int) -> bool:
@@ -213,4 +262,8 @@ def _describe(exc: OSError) -> str:
         return str(exc) or "timed out"
     if isinstance(exc, ConnectionRefusedError):
         return "connection refused"
+    import socket  # loaded with http.client already; not at start-up
+
+    if isinstance(exc, socket.gaierror):  # metadata.google.internal off GCP
+        return f"cannot resolve the host ({exc.strerror or exc})"
     return exc.strerror or str(exc) or type(exc).__name__

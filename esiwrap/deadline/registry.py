@@ -1,7 +1,7 @@
 """The deadline sources by name: the modules that provide them, their options, and the ordered
 list `--sources` names.
 
-A source module (`local`, `volcengine`, `aws`) declares, beside its sources:
+A source module (`local`, `slurm`, `volcengine`, `aws`, `azure`, `gcp`) declares, beside its sources:
 
     NAMES    the words of `--sources` it provides, e.g. ("aws-spot",)
     OPTIONS  its own run options (`esiwrap.optiontypes.Option`), e.g. `--aws-metadata-url`; read
@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
-from esiwrap.deadline import aws, local, slurm, volcengine
+from esiwrap.deadline import aws, azure, gcp, local, slurm, volcengine
 from esiwrap.deadline.local import CliSource
 from esiwrap.deadline.value import Source, SourceSetup
 from esiwrap.errors import UsageError
@@ -33,14 +33,16 @@ class SourceModule(Protocol):
     def build(self, name: str, setup: SourceSetup) -> list[Source]: ...
 
 
-SOURCE_MODULES: tuple[SourceModule, ...] = (local, slurm, volcengine, aws)
+SOURCE_MODULES: tuple[SourceModule, ...] = (local, slurm, volcengine, aws, azure, gcp)
 BY_NAME: dict[str, SourceModule] = {name: module for module in SOURCE_MODULES for name in module.NAMES}
 KNOWN_SOURCES = tuple(BY_NAME)
 OPTIONS: tuple[Option, ...] = tuple(opt for module in SOURCE_MODULES for opt in module.OPTIONS)
 # volcengine-spot is on by default: it asks the same metadata service as `volcengine`, so it adds
-# no new address, and a spot notice is the shortest warning there is. aws-spot is opt-in: on by
-# default it would probe 169.254.169.254 from every non-AWS machine every few minutes. slurm is
-# on by default and costs nothing outside a Slurm job: it is only started where SLURM_JOB_ID is set.
+# no new address, and a spot notice is the shortest warning there is. aws-spot and azure are
+# opt-in: on by default they would probe 169.254.169.254 from every machine of another cloud or
+# none, every few minutes; gcp too: it would look up metadata.google.internal everywhere. slurm
+# is on by default and costs nothing outside a Slurm job: it is only started where SLURM_JOB_ID
+# is set.
 DEFAULT_SOURCES = ("cli", "env", "slurm", "volcengine", "volcengine-spot")
 
 

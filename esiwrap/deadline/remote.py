@@ -30,7 +30,7 @@ def node_source(node_id: str, source: str = "") -> str:
 def to_fields(answer: Answer) -> dict[str, Any]:
     fields: dict[str, Any] = {"source": answer.source, "reason": answer.reason,
                               "expected": answer.expected, "withdrawn": answer.withdrawn,
-                              "capacity": answer.capacity}
+                              "capacity": answer.capacity, "early_warning": answer.early_warning}
     d = answer.deadline
     if d is not None:
         fields.update(at=d.at, raw=d.raw, lead_s=d.lead_s, detail=dict(d.detail))
@@ -47,10 +47,11 @@ def from_fields(fields: Mapping[str, Any], now: float) -> Answer | None:
     if fields.get("withdrawn") is True:
         return Answer(source, reason=reason, withdrawn=True)
     capacity = _capacity(fields.get("capacity"))
+    warning = _text(fields.get("early_warning"))  # a node at risk (EC2 rebalance): a save for the job
     at = fields.get("at")
     if at is None:
         return Answer(source, reason=reason or "no answer", expected=fields.get("expected") is True,
-                      capacity=capacity)
+                      capacity=capacity, early_warning=warning)
     if implausible(at, now) is not None:
         return None
     lead = fields.get("lead_s", 0.0)
@@ -60,7 +61,7 @@ def from_fields(fields: Mapping[str, Any], now: float) -> Answer | None:
         lead_s=float(lead) if isinstance(lead, (int, float)) and math.isfinite(lead) else 0.0,
         detail={str(k): str(v)[:500] for k, v in detail.items()} if isinstance(detail, dict) else {},
     )
-    return Answer(source, deadline=deadline, capacity=capacity)
+    return Answer(source, deadline=deadline, capacity=capacity, early_warning=warning)
 
 
 def _capacity(value: Any) -> CapacityKind | None:

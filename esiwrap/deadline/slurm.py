@@ -189,7 +189,6 @@ class SlurmSource:
     """The job's end time; asked again every `period_s` because a TimeLimit update moves it."""
 
     name = "slurm"
-    capacity: CapacityKind = "reserved"  # a batch job's limit: a known end, not a preemption
 
     def __init__(self, environ: Mapping[str, str], refresh_s: float = SLURM_REFRESH_S,
                  timeout_s: float = SQUEUE_TIMEOUT_S) -> None:
@@ -201,6 +200,11 @@ class SlurmSource:
             self.job, self._job_problem = SlurmJob.from_env(environ), None
         except SourceUnavailable as exc:
             self.job, self._job_problem = None, exc
+
+    @property
+    def capacity(self) -> CapacityKind | None:
+        """A batch job's limit: a known end, not a preemption; outside a job, nothing to say."""
+        return "reserved" if self.job is not None else None
 
     @property
     def period_s(self) -> float | None:

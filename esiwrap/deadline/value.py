@@ -80,7 +80,14 @@ class Source(Protocol):
 
     A source may also have a `capacity` attribute (a `CapacityKind` or None): what it learned
     about the kind of capacity, also when it has no deadline to give (a spot instance with no
-    notice yet). `chain.ask` reads it after every `resolve`.
+    notice yet). `chain.ask` reads it after every `resolve`. Likewise an `early_warning` attribute
+    (a str, "" for none): a risk that is not a deadline but asks for a save now, in words that
+    change when the warning is a new one (EC2's rebalance recommendation with its noticeTime).
+
+    And a `release()` method: called once, when esiwrap exits after a completed checkpoint with
+    the child's tree gone, so the source may let its platform proceed (Azure: approve the
+    scheduled event). It returns what it did for the log (None: nothing), bounds its own time
+    and raises `SourceUnavailable` when it failed.
     """
 
     name: str

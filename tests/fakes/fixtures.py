@@ -8,6 +8,8 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
+from fakes.azure import FakeAzureMetadata
+from fakes.gcp import FakeGcpMetadata
 from fakes.metadata import AWS_HEADERS, FakeMetadata
 from fakes.volcengine_api import ACCESS_KEY, SECRET_KEY, FakeVolcengineApi
 
@@ -42,6 +44,21 @@ def fake_metadata() -> Iterator[FakeMetadata]:
 @pytest.fixture
 def fake_aws_metadata() -> Iterator[FakeMetadata]:
     with FakeMetadata({"/latest/meta-data/instance-id": "i-0aws"}, headers=AWS_HEADERS) as fake:
+        yield fake
+
+
+@pytest.fixture
+def fake_azure() -> Iterator[FakeAzureMetadata]:
+    """Azure's IMDS for a Spot VM with no scheduled event yet (not throttled: unit tests ask
+    faster than the once a second esiwrap does)."""
+    with FakeAzureMetadata(priority="Spot", rate_limit=None) as fake:
+        yield fake
+
+
+@pytest.fixture
+def fake_gcp() -> Iterator[FakeGcpMetadata]:
+    """The Compute Engine metadata server of a Spot VM, neither preempted nor in maintenance."""
+    with FakeGcpMetadata() as fake:
         yield fake
 
 

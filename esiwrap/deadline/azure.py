@@ -1,0 +1,28 @@
+"""Source `azure`: Azure Scheduled Events for this VM, and its options.
+
+The events are read (`azure_events`) through the metadata client (`metadata`), both imported when
+the source is built: this module is read by every `esiwrap` start.
+"""
+
+from __future__ import annotations
+
+from esiwrap.deadline.value import Source, SourceSetup
+from esiwrap.optiontypes import Option, boolean, metadata_url
+
+METADATA_URL_DEFAULT = "http://169.254.169.254"
+
+NAMES: tuple[str, ...] = ("azure",)
+METADATA_URL = Option("--azure-metadata-url", metadata_url, METADATA_URL_DEFAULT, METADATA_URL_DEFAULT,
+                      "Azure instance metadata service (azure: Scheduled Events)")
+ACK = Option("--azure-ack", boolean, False, "true",
+             "azure: once the run stopped with a complete checkpoint, approve this VM's scheduled "
+             "events so a reboot or redeploy starts without waiting for NotBefore")
+OPTIONS: tuple[Option, ...] = (METADATA_URL, ACK)
+
+
+def build(name: str, setup: SourceSetup) -> list[Source]:
+    from esiwrap.deadline.azure_events import AzureSource
+    from esiwrap.deadline.metadata import AZURE, MetadataClient
+
+    client = MetadataClient(setup.values[METADATA_URL.dest], AZURE)
+    return [AzureSource(client, ack=setup.values[ACK.dest], max_backoff_s=setup.refresh_s)]

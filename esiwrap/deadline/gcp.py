@@ -1,0 +1,30 @@
+"""Source `gcp`: Compute Engine preemption and host-maintenance notices, and its options.
+
+The notices are read (`gcp_notices`) through the metadata client (`metadata`), both imported when
+the source is built: this module is read by every `esiwrap` start.
+"""
+
+from __future__ import annotations
+
+from esiwrap.deadline.value import Source, SourceSetup
+from esiwrap.optiontypes import Option, metadata_url, seconds
+
+METADATA_URL_DEFAULT = "http://metadata.google.internal"
+MAINTENANCE_NOTICE_S = 60.0  # Google: 60 s for ordinary VMs (an hour for GPU VMs)
+
+NAMES: tuple[str, ...] = ("gcp",)
+METADATA_URL = Option("--gcp-metadata-url", metadata_url, METADATA_URL_DEFAULT, METADATA_URL_DEFAULT,
+                      "Compute Engine metadata server (gcp)")
+MAINTENANCE_NOTICE = Option("--gcp-maintenance-notice", seconds, MAINTENANCE_NOTICE_S, "60",
+                            "gcp: seconds from TERMINATE_ON_HOST_MAINTENANCE to the stop "
+                            "(Google: 60, an hour for GPU VMs)")
+OPTIONS: tuple[Option, ...] = (METADATA_URL, MAINTENANCE_NOTICE)
+
+
+def build(name: str, setup: SourceSetup) -> list[Source]:
+    from esiwrap.deadline.gcp_notices import GcpSource
+    from esiwrap.deadline.metadata import GCP, MetadataClient
+
+    client = MetadataClient(setup.values[METADATA_URL.dest], GCP)
+    return [GcpSource(client, maintenance_notice_s=setup.values[MAINTENANCE_NOTICE.dest],
+                      max_backoff_s=setup.refresh_s)]
