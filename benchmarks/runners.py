@@ -93,17 +93,8 @@ def verl_wants_save(remaining_s: float, max_steps_duration_s: float, redundant_s
 
 
 def run_verl(scenario: Scenario, redundant_s: float = 0.0) -> Outcome:
-    tally = Tally(scenario)
-    uploads = UploadLine(scenario, tally) if scenario.uploads is not None else None
-
-    def durable(write: Write) -> bool:
-        done = tally.durable(write)
-        if done and uploads is not None:
-            uploads.add(write.step, write.durable)
-        return done
-
+    saves = _Saves(scenario)
     now, longest = 0.0, 0.0
-    in_flight: Write | None = None
     for step, duration in enumerate(scenario.steps, start=1):
         boundary = now + duration
         if boundary > scenario.reclaim_at:
@@ -111,37 +102,18 @@ def run_verl(scenario: Scenario, redundant_s: float = 0.0) -> Outcome:
         now = boundary
         step_time = duration
         if verl_wants_save(scenario.deadline - boundary, longest, redundant_s) or scenario.own_save(step):
-            if in_flight is not None:  # the previous write must finish first
-                now = max(now, in_flight.durable)
-                durable(in_flight)
-                in_flight = None
-            write = tally.begin(step, now)
-            if scenario.blocking is None:
-                if not durable(write):
-                    break
-                now = write.durable
-            else:
-                now, in_flight = write.resumes, write
+            resumed = saves.save(step, now)
+            if resumed is None:
+                break
+            now = resumed
             step_time = now - (boundary - duration)
         longest = max(longest, step_time)
-    if in_flight is not None:
-        durable(in_flight)
-    if uploads is not None:
-        uploads.finish()
-    return tally.outcome()
+    return saves.outcome()
 
 
 # ---------------------------------------------------------------------------------- reference
 def run_reference(scenario: Scenario, reserve_s: float) -> Outcome:
-    tally = Tally(scenario)
-    uploads = UploadLine(scenario, tally) if scenario.uploads is not None else None
-
-    def durable(write: Write) -> bool:
-        done = tally.durable(write)
-        if done and uploads is not None:
-            uploads.add(write.step, write.durable)
-        return done
-
+    saves = _Saves(scenario)
     rate_per_s = scenario.surprise_rate_per_day / 86_400.0
     costs = [scenario.blocking_s(k) for k in range(1, len(scenario.steps) + 1)]
     cost = sum(costs) / len(costs) if costs else 0.0
@@ -149,7 +121,6 @@ def run_reference(scenario: Scenario, reserve_s: float) -> Outcome:
     changes = sorted(scenario.changes, key=lambda c: c.at)
     deadline, saved_for = scenario.deadline, None  # the deadline its one save was for
     now, trained, checkpoint_trained = 0.0, 0.0, 0.0
-    in_flight: Write | None = None
     for step, duration in enumerate(scenario.steps, start=1):
         boundary = now + duration
         if boundary > scenario.reclaim_at:
@@ -162,23 +133,50 @@ def run_reference(scenario: Scenario, reserve_s: float) -> Outcome:
         if (last_fit and saved_for != deadline) or periodic or scenario.own_save(step):
             if last_fit:
                 saved_for = deadline
-            if in_flight is not None:  # the previous write must finish first
-                now = max(now, in_flight.durable)
-                durable(in_flight)
-                in_flight = None
-            write = tally.begin(step, now)
             checkpoint_trained = trained
-            if scenario.blocking is None:
-                if not durable(write):
-                    break
-                now = write.durable
-            else:
-                now, in_flight = write.resumes, write
-    if in_flight is not None:
-        durable(in_flight)
-    if uploads is not None:
-        uploads.finish()
-    return tally.outcome()
+            resumed = saves.save(step, now)
+            if resumed is None:
+                break
+            now = resumed
+    return saves.outcome()
+
+
+class _Saves:
+    """The checkpoints of a policy without esiwrap (verl's, the reference's): one write at a time
+    (a new save waits for the asynchronous write in flight), each checkpoint uploaded after it
+    by a script beside the trainer (`UploadLine`)."""
+
+    def __init__(self, scenario: Scenario) -> None:
+        self._scenario = scenario
+        self._tally = Tally(scenario)
+        self._uploads = UploadLine(scenario, self._tally) if scenario.uploads is not None else None
+        self._in_flight: Write | None = None
+
+    def save(self, step: int, now: float) -> float | None:
+        """A save at boundary `step`, asked for at `now`: when training resumes, or None when the
+        save did not end before reclamation (the run is over)."""
+        if self._in_flight is not None:  # the previous write must finish first
+            now = max(now, self._in_flight.durable)
+            self._durable(self._in_flight)
+            self._in_flight = None
+        write = self._tally.begin(step, now)
+        if self._scenario.blocking is None:
+            return write.durable if self._durable(write) else None
+        self._in_flight = write
+        return write.resumes
+
+    def outcome(self) -> Outcome:
+        if self._in_flight is not None:
+            self._durable(self._in_flight)
+        if self._uploads is not None:
+            self._uploads.finish()
+        return self._tally.outcome()
+
+    def _durable(self, write: Write) -> bool:
+        done = self._tally.durable(write)
+        if done and self._uploads is not None:
+            self._uploads.add(write.step, write.durable)
+        return done
 
 
 def _last_boundary_that_fits(scenario: Scenario, step: int, now: float, durable_by: float) -> bool:
