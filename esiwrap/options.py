@@ -80,14 +80,10 @@ def _rate(text: str) -> float | None:
 
 
 def _state_file(text: str) -> str:
-    path = os.path.abspath(os.path.expanduser(text.strip()))
+    path = file_in_existing_dir(
+        text, name_a_file="name a file in it, e.g. /mnt/checkpoints/job/esiwrap-state.json",
+        create="create it (next to the checkpoints)")
     directory = os.path.dirname(path)
-    if os.path.isdir(path):
-        msg = "is a directory; name a file in it, e.g. /mnt/checkpoints/job/esiwrap-state.json"
-        raise ValueError(msg)
-    if not os.path.isdir(directory):
-        msg = f"directory {directory} does not exist; create it (next to the checkpoints)"
-        raise ValueError(msg)
     if not os.access(directory, os.W_OK):
         msg = f"directory {directory} is not writable"
         raise ValueError(msg)

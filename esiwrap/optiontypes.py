@@ -133,14 +133,15 @@ def port(text: str) -> int:
     return value
 
 
-def file_in_existing_dir(text: str) -> str:
-    """An absolute path whose directory exists (the file need not)."""
+def file_in_existing_dir(text: str, *, name_a_file: str = "give a file path",
+                         create: str = "create it or choose another path") -> str:
+    """An absolute path whose directory exists (the file need not); the hints end the errors."""
     path = os.path.abspath(os.path.expanduser(text.strip()))
     directory = os.path.dirname(path)
-    if not os.path.isdir(directory):
-        msg = f"directory {directory} does not exist; create it or choose another path"
-        raise ValueError(msg)
     if os.path.isdir(path):
-        msg = "is a directory; give a file path"
+        msg = f"is a directory; {name_a_file}"
+        raise ValueError(msg)
+    if not os.path.isdir(directory):
+        msg = f"directory {directory} does not exist; {create}"
         raise ValueError(msg)
     return path
