@@ -17,6 +17,8 @@ from typing import Any
 
 import psutil
 
+from esiwrap.deadline.value import iso_epoch
+
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 TINY_TRAINER = EXAMPLES / "tiny_trainer.py"
@@ -179,6 +181,26 @@ class EsiwrapRun:
             if stream is not None:
                 stream.close()
         self._selector.close()
+
+
+def sources_only_args(ckpt: Path, sources: str, *extra: str) -> list[str]:
+    """esiwrap with these deadline sources only, over the tiny trainer (0.2 s steps, one 1 s save
+    guess, no final save): the cloud end-to-end tests' run."""
+    return [
+        "--sources", sources, "--refresh", "1", "--redundant-time", "6", "--save-duration", "1",
+        "--no-final-save", *extra, "--",
+        PYTHON, str(TINY_TRAINER), "--ckpt-dir", str(ckpt), "--step-seconds", "0.2",
+    ]
+
+
+def event_time(event: Event) -> float:
+    """A log event's timestamp as epoch seconds."""
+    return iso_epoch(str(event["timestamp"]))
+
+
+def requested_saves(run: EsiwrapRun) -> list[Event]:
+    """The saves esiwrap asked for that completed."""
+    return [e for e in run.events if e["event"] == "save_completed" and e.get("requested")]
 
 
 def kill_leftovers(root_pid: int) -> None:

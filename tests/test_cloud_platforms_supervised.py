@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from esiwrap_harness import PYTHON, TINY_TRAINER, EsiwrapRun
+from esiwrap_harness import EsiwrapRun, event_time, requested_saves, sources_only_args
 from fakes.azure import FakeAzureMetadata
 from fakes.fixtures import rfc3339_in
 from fakes.gcp import FakeGcpMetadata
@@ -20,22 +20,6 @@ from fakes.network import closed_port_url
 from esiwrap.deadline.spot import AWS_REBALANCE_PATH, AWS_SPOT_PATH
 from esiwrap.deadline.value import iso_epoch
 from esiwrap.errors import EXIT_CHECKPOINTED
-
-
-def run_args(ckpt: Path, sources: str, *extra: str) -> list[str]:
-    return [
-        "--sources", sources, "--refresh", "1", "--redundant-time", "6", "--save-duration", "1",
-        "--no-final-save", *extra, "--",
-        PYTHON, str(TINY_TRAINER), "--ckpt-dir", str(ckpt), "--step-seconds", "0.2",
-    ]
-
-
-def at(event: dict[str, object]) -> float:
-    return iso_epoch(str(event["timestamp"]))
-
-
-def requested_saves(run: EsiwrapRun) -> list[dict[str, object]]:
-    return [e for e in run.events if e["event"] == "save_completed" and e.get("requested")]
 
 
 def unavailable(run: EsiwrapRun, words: str) -> list[dict[str, object]]:
@@ -50,7 +34,7 @@ def test_azure_spot_eviction_is_saved_before_not_before(esiwrap, tmp_path: Path)
     """A Preempt for this VM mid-run (the first call slow, as on a VM where the service starts):
     the deadline is its NotBefore, the save lands before it, exit 75."""
     with FakeAzureMetadata(priority="Spot", enable_delay_s=1.5) as fake:
-        run = esiwrap(*run_args(tmp_path, "azure"), env={"ESIWRAP_AZURE_METADATA_URL": fake.url})
+        run = esiwrap(*sources_only_args(tmp_path, "azure"), env={"ESIWRAP_AZURE_METADATA_URL": fake.url})
         run.wait_event("trainer_attached", timeout=60)
         run.wait_event("deadline_unavailable", timeout=30, source="azure")
         event_id = fake.schedule("Preempt", 20)
@@ -60,8 +44,8 @@ def test_azure_spot_eviction_is_saved_before_not_before(esiwrap, tmp_path: Path)
         assert run.finish(timeout=90) == EXIT_CHECKPOINTED, run.names()
         not_before = iso_epoch(str(resolved["deadline"]))
         saves = requested_saves(run)
-        assert saves and at(saves[-1]) < not_before
-        assert at(run.first("supervisor_exit")) < not_before
+        assert saves and event_time(saves[-1]) < not_before
+        assert event_time(run.first("supervisor_exit")) < not_before
         assert not fake.approvals  # no --azure-ack: nothing approved
     garbled = unavailable(run, "unparsable")
     assert len(garbled) == 1 and garbled[0]["level"] == "warning"  # once, and the deadline stood
@@ -76,7 +60,7 @@ def test_azure_ack_approves_the_event_once_the_checkpoint_is_complete(esiwrap, t
     with FakeAzureMetadata() as fake:
         fake.approval_hook = lambda ids: checkpoint.exists()
         env = {"ESIWRAP_AZURE_METADATA_URL": fake.url}
-        run = esiwrap(*run_args(tmp_path, "azure", "--azure-ack"), env=env)
+        run = esiwrap(*sources_only_args(tmp_path, "azure", "--azure-ack"), env=env)
         run.wait_event("trainer_attached", timeout=60)
         event_id = fake.schedule("Reboot", 20, source="User")
         run.wait_event("deadline_resolved", timeout=30, source="azure")
@@ -84,8 +68,8 @@ def test_azure_ack_approves_the_event_once_the_checkpoint_is_complete(esiwrap, t
         approvals = fake.approvals_of(event_id)
     assert len(approvals) == 1 and approvals[0].event_ids == [event_id]
     assert approvals[0].hook_result is True  # the checkpoint was there when the POST came
-    assert approvals[0].at > at(requested_saves(run)[-1])
-    assert approvals[0].at > at(run.first("child_exited"))
+    assert approvals[0].at > event_time(requested_saves(run)[-1])
+    assert approvals[0].at > event_time(run.first("child_exited"))
     released = run.first("capacity_released")
     assert released["source"] == "azure" and released["ok"] is True and event_id in str(released["detail"])
     assert no_tracebacks(run)
@@ -95,7 +79,7 @@ def test_azure_event_cancelled_mid_run_leaves_training_alone(esiwrap, tmp_path: 
     """A Reboot is announced, then cancelled (gone from the document): `deadline_withdrawn`, and
     nothing stops at its old NotBefore; a SIGTERM later still ends with a checkpoint, exit 75."""
     with FakeAzureMetadata() as fake:
-        run = esiwrap(*run_args(tmp_path, "azure"), env={"ESIWRAP_AZURE_METADATA_URL": fake.url})
+        run = esiwrap(*sources_only_args(tmp_path, "azure"), env={"ESIWRAP_AZURE_METADATA_URL": fake.url})
         run.wait_event("trainer_attached", timeout=60)
         event_id = fake.schedule("Reboot", 25)
         resolved = run.wait_event("deadline_resolved", timeout=30, source="azure")
@@ -115,20 +99,20 @@ def test_gcp_preemption_is_saved_within_the_30_seconds(esiwrap, tmp_path: Path) 
     """preempted turns TRUE mid-run: the hanging GET brings it within a second or two; the
     deadline is first seen + 30 s; the save lands before it; exit 75."""
     with FakeGcpMetadata() as fake:
-        run = esiwrap(*run_args(tmp_path, "gcp"), env={"ESIWRAP_GCP_METADATA_URL": fake.url})
+        run = esiwrap(*sources_only_args(tmp_path, "gcp"), env={"ESIWRAP_GCP_METADATA_URL": fake.url})
         run.wait_event("trainer_attached", timeout=60)
         run.wait_event("deadline_unavailable", timeout=30, source="gcp")
         preempted_at = time.time()
         fake.set("instance/preempted", "TRUE")
         resolved = run.wait_event("deadline_resolved", timeout=30, source="gcp")
-        assert at(resolved) - preempted_at < 3.0
+        assert event_time(resolved) - preempted_at < 3.0
         end = iso_epoch(str(resolved["deadline"]))
-        assert preempted_at + 30 - 0.5 <= end <= at(resolved) + 30
+        assert preempted_at + 30 - 0.5 <= end <= event_time(resolved) + 30
         fake.answer_next(500, b"oops", times=8)  # the server fails for a few rounds
         assert run.finish(timeout=90) == EXIT_CHECKPOINTED, run.names()
         assert any(r.hanging for r in fake.of("instance/preempted"))
     saves = requested_saves(run)
-    assert saves and at(saves[-1]) < end and no_tracebacks(run)
+    assert saves and event_time(saves[-1]) < end and no_tracebacks(run)
     failed = [str(e["reason"]) for e in unavailable(run, "HTTP 500")]
     assert failed and len(failed) == len(set(failed))  # each reason once, however often it recurs
     assert "deadline_withdrawn" not in run.names()
@@ -139,17 +123,17 @@ def test_gcp_host_maintenance_with_a_declared_notice(esiwrap, tmp_path: Path) ->
     with FakeGcpMetadata(preemptible=False) as fake:
         # azure too, refused (nothing listens at its URL): logged once, at info, however often asked
         env = {"ESIWRAP_GCP_METADATA_URL": fake.url, "ESIWRAP_AZURE_METADATA_URL": closed_port_url()}
-        run = esiwrap(*run_args(tmp_path, "gcp,azure", "--gcp-maintenance-notice", "20"), env=env)
+        run = esiwrap(*sources_only_args(tmp_path, "gcp,azure", "--gcp-maintenance-notice", "20"), env=env)
         run.wait_event("trainer_attached", timeout=60)
         noticed_at = time.time()
         fake.set("instance/maintenance-event", "TERMINATE_ON_HOST_MAINTENANCE")
         resolved = run.wait_event("deadline_resolved", timeout=30, source="gcp")
         end = iso_epoch(str(resolved["deadline"]))
-        assert noticed_at + 20 - 0.5 <= end <= at(resolved) + 20
+        assert noticed_at + 20 - 0.5 <= end <= event_time(resolved) + 20
         assert resolved["notice"] == "instance/maintenance-event=TERMINATE_ON_HOST_MAINTENANCE"
         assert run.finish(timeout=90) == EXIT_CHECKPOINTED, run.names()
     saves = requested_saves(run)
-    assert saves and at(saves[-1]) < end
+    assert saves and event_time(saves[-1]) < end
     refused = [e for e in run.events if e["event"] == "deadline_unavailable" and e["source"] == "azure"]
     assert len(refused) == 1 and refused[0]["level"] == "info"
     assert "connection refused" in str(refused[0]["reason"])
@@ -160,7 +144,7 @@ def test_aws_rebalance_takes_a_save_and_training_goes_on(esiwrap, tmp_path: Path
     """A rebalance recommendation: `early_warning`, a save (reason early_warning), training goes
     on; the interruption notice that follows is the deadline, saved before, exit 75."""
     env = {"ESIWRAP_AWS_METADATA_URL": fake_aws_metadata.url}
-    run = esiwrap(*run_args(tmp_path, "aws-spot"), env=env)
+    run = esiwrap(*sources_only_args(tmp_path, "aws-spot"), env=env)
     run.wait_event("trainer_attached", timeout=60)
     run.wait_event("deadline_unavailable", timeout=30, source="aws-spot")
     fake_aws_metadata.set(AWS_REBALANCE_PATH, json.dumps({"noticeTime": rfc3339_in(0, offset_hours=0)}))
@@ -169,7 +153,7 @@ def test_aws_rebalance_takes_a_save_and_training_goes_on(esiwrap, tmp_path: Path
     requested = run.wait_event("save_requested", timeout=30, reason="early_warning")
     saved = run.wait_for(lambda e: e["event"] == "save_completed" and e.get("kind") == "early_warning",
                          timeout=30, what="the early warning's save")
-    assert at(saved) >= at(requested)
+    assert event_time(saved) >= event_time(requested)
     when = rfc3339_in(20, offset_hours=0)
     fake_aws_metadata.set(AWS_SPOT_PATH, json.dumps({"action": "terminate", "time": when}))
     resolved = run.wait_event("deadline_resolved", timeout=30, source="aws-spot")
@@ -177,4 +161,4 @@ def test_aws_rebalance_takes_a_save_and_training_goes_on(esiwrap, tmp_path: Path
     assert run.finish(timeout=90) == EXIT_CHECKPOINTED, run.names()
     assert len([e for e in run.events if e["event"] == "early_warning"]) == 1  # once, not every poll
     end = iso_epoch(str(resolved["deadline"]))
-    assert at(requested_saves(run)[-1]) < end and no_tracebacks(run)
+    assert event_time(requested_saves(run)[-1]) < end and no_tracebacks(run)

@@ -7,33 +7,16 @@ import json
 from pathlib import Path
 
 import pytest
-from esiwrap_harness import PYTHON, TINY_TRAINER, EsiwrapRun
+from esiwrap_harness import EsiwrapRun, event_time, requested_saves, sources_only_args
 from fakes.fixtures import CREDENTIALS, SCHEDULED_ID, rfc3339_in
 from fakes.metadata import FakeMetadata
 from fakes.volcengine_api import ACCESS_DENIED, FakeVolcengineApi
 
 from esiwrap.deadline import parse_iso
-from esiwrap.deadline.value import iso_epoch
 from esiwrap.errors import EXIT_CHECKPOINTED
 
 SPOT_ITEM = "/latest/spot_instance_termination_time"
 AWS_SPOT_ITEM = "/latest/meta-data/spot/instance-action"
-
-
-def run_args(ckpt: Path, sources: str, *extra: str) -> list[str]:
-    return [
-        "--sources", sources, "--refresh", "1", "--redundant-time", "6", "--save-duration", "1",
-        "--no-final-save", *extra, "--",
-        PYTHON, str(TINY_TRAINER), "--ckpt-dir", str(ckpt), "--step-seconds", "0.2",
-    ]
-
-
-def at(event: dict[str, object]) -> float:
-    return iso_epoch(str(event["timestamp"]))
-
-
-def requested_saves(run: EsiwrapRun) -> list[dict[str, object]]:
-    return [e for e in run.events if e["event"] == "save_completed" and e.get("requested")]
 
 
 def no_tracebacks(run: EsiwrapRun) -> bool:
@@ -47,14 +30,14 @@ def test_end_to_end_saves_before_the_release_time(esiwrap, tmp_path: Path, cloud
     stands, training is not hurt."""
     raw = rfc3339_in(35)  # room for torch's import on a loaded machine
     fake_api.set_release(SCHEDULED_ID, raw)
-    run = esiwrap(*run_args(tmp_path, "volcengine,volcengine-spot"), env=cloud_env)
+    run = esiwrap(*sources_only_args(tmp_path, "volcengine,volcengine-spot"), env=cloud_env)
     resolved = run.wait_event("deadline_resolved", timeout=30)
     assert resolved["source"] == "volcengine" and resolved["raw"] == raw
     assert resolved["scheduled_instance_id"] == SCHEDULED_ID
     fake_api.state.failure = ACCESS_DENIED
     assert run.finish(timeout=90) == EXIT_CHECKPOINTED, run.names()
     saves = requested_saves(run)
-    assert saves and at(saves[-1]) < parse_iso(raw)
+    assert saves and event_time(saves[-1]) < parse_iso(raw)
     assert (tmp_path / "latest.pt").exists()
     denied = [e for e in run.events if e["event"] == "deadline_unavailable" and e["source"] == "volcengine"]
     assert len(denied) == 1 and denied[0]["level"] == "warning"
@@ -68,7 +51,7 @@ def test_renewal_later_then_earlier(esiwrap, tmp_path: Path, cloud_env: dict[str
     """auto_release_at moves later (a renewal), then earlier: both are deadline_changed, the save
     follows the last one."""
     fake_api.set_release(SCHEDULED_ID, rfc3339_in(60))
-    run = esiwrap(*run_args(tmp_path, "volcengine"), env=cloud_env)
+    run = esiwrap(*sources_only_args(tmp_path, "volcengine"), env=cloud_env)
     first = run.wait_event("deadline_resolved", timeout=30, source="volcengine")
     later = rfc3339_in(3600)
     fake_api.set_release(SCHEDULED_ID, later)
@@ -81,7 +64,7 @@ def test_renewal_later_then_earlier(esiwrap, tmp_path: Path, cloud_env: dict[str
     assert moved["source"] == "volcengine"
     assert run.finish(timeout=90) == EXIT_CHECKPOINTED, run.names()
     saves = requested_saves(run)
-    assert saves and at(saves[-1]) < parse_iso(earlier)
+    assert saves and event_time(saves[-1]) < parse_iso(earlier)
     scheduled = [e for e in run.events if e["event"] == "save_scheduled"]
     assert scheduled and parse_iso(str(scheduled[-1]["signal_at"])) < parse_iso(earlier)
 
@@ -90,7 +73,7 @@ def test_spot_notice_mid_run_moves_the_deadline_and_saves(esiwrap, tmp_path: Pat
                                                           cloud_env: dict[str, str],
                                                           fake_metadata: FakeMetadata) -> None:
     """Released in an hour, then a spot notice: the deadline moves earlier, the save follows."""
-    run = esiwrap(*run_args(tmp_path, "volcengine,volcengine-spot"), env=cloud_env)
+    run = esiwrap(*sources_only_args(tmp_path, "volcengine,volcengine-spot"), env=cloud_env)
     run.wait_event("deadline_resolved", timeout=30, source="volcengine")
     run.wait_event("trainer_attached", timeout=60)
     notice = rfc3339_in(20)
@@ -99,8 +82,8 @@ def test_spot_notice_mid_run_moves_the_deadline_and_saves(esiwrap, tmp_path: Pat
     assert changed["raw"] == notice
     assert run.finish(timeout=90) == EXIT_CHECKPOINTED, run.names()
     saves = requested_saves(run)
-    assert saves and at(saves[-1]) < parse_iso(notice)
-    assert at(run.first("save_requested")) >= at(changed)
+    assert saves and event_time(saves[-1]) < parse_iso(notice)
+    assert event_time(run.first("save_requested")) >= event_time(changed)
 
 
 @pytest.mark.usefixtures("volcengine_credentials")
@@ -109,7 +92,7 @@ def test_aws_spot_notice_mid_run_with_no_volcengine_around(esiwrap, tmp_path: Pa
     """No deadline at first; the Volcengine metadata is unreachable (logged once per source, at
     info, however often asked); an AWS instance-action notice becomes the deadline; the save lands."""
     env = {**CREDENTIALS, "ESIWRAP_AWS_METADATA_URL": fake_aws_metadata.url}
-    run = esiwrap(*run_args(tmp_path, "volcengine,volcengine-spot,aws-spot"), env=env)
+    run = esiwrap(*sources_only_args(tmp_path, "volcengine,volcengine-spot,aws-spot"), env=env)
     run.wait_event("deadline_unavailable", timeout=30, source="aws-spot",
                    reason="no spot interruption notice")
     run.wait_event("trainer_attached", timeout=60)
@@ -119,7 +102,7 @@ def test_aws_spot_notice_mid_run_with_no_volcengine_around(esiwrap, tmp_path: Pa
     assert resolved["raw"] == when and resolved["action"] == "terminate"
     assert run.finish(timeout=90) == EXIT_CHECKPOINTED, run.names()
     saves = requested_saves(run)
-    assert saves and at(saves[-1]) < parse_iso(when)
+    assert saves and event_time(saves[-1]) < parse_iso(when)
     unavailable = [e for e in run.events if e["event"] == "deadline_unavailable"]
     assert sorted(str(e["source"]) for e in unavailable) == ["aws-spot", "volcengine", "volcengine-spot"]
     assert all(e["level"] == "info" for e in unavailable)
@@ -129,7 +112,7 @@ def test_aws_spot_notice_mid_run_with_no_volcengine_around(esiwrap, tmp_path: Pa
 def test_renewal_after_the_save_plans_a_new_one(esiwrap, tmp_path: Path, cloud_env: dict[str, str],
                                                 fake_api: FakeVolcengineApi) -> None:
     """--after-save continue: saved and training on; a renewal plans and takes a new save."""
-    run = esiwrap(*run_args(tmp_path, "volcengine", "--after-save", "continue"), env=cloud_env)
+    run = esiwrap(*sources_only_args(tmp_path, "volcengine", "--after-save", "continue"), env=cloud_env)
     run.wait_event("trainer_attached", timeout=60)
     fake_api.set_release(SCHEDULED_ID, rfc3339_in(12))
     run.wait_event("training_continues", timeout=60)
@@ -141,5 +124,5 @@ def test_renewal_after_the_save_plans_a_new_one(esiwrap, tmp_path: Path, cloud_e
     run.wait_for(lambda e: e["event"] == "save_completed" and bool(e.get("requested"))
                  and e is not first[0], timeout=60, what="a second save")
     second = requested_saves(run)[1]
-    assert at(second) < parse_iso(renewed)
+    assert event_time(second) < parse_iso(renewed)
     assert int(str(second["step"])) > int(str(first[0]["step"]))
