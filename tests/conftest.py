@@ -58,3 +58,13 @@ def esiwrap() -> Iterator[Callable[..., EsiwrapRun]]:
     yield start
     for run in runs:
         run.kill()
+
+
+@pytest.fixture
+def runs() -> Iterator[list[EsiwrapRun]]:
+    """A list for runs a test starts itself (its own launcher, arguments); each is killed (whole
+    tree) when the test ends."""
+    started: list[EsiwrapRun] = []
+    yield started
+    for run in started:
+        run.kill()

@@ -14,7 +14,6 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -43,14 +42,6 @@ def sigset(pid: int, field: str) -> set[int]:
 def caller(*setup: str) -> tuple[str, ...]:
     """caller_setup.py with these settings, then esiwrap: the launcher of an EsiwrapRun."""
     return (*CALLER, *setup, "--", *ESIWRAP)
-
-
-@pytest.fixture
-def runs() -> Iterator[list[EsiwrapRun]]:
-    started: list[EsiwrapRun] = []
-    yield started
-    for run in started:
-        run.kill()
 
 
 def test_nohup_keeps_sighup_ignored_for_the_child(runs: list[EsiwrapRun]) -> None:

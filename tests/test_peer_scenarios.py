@@ -16,7 +16,6 @@ import pty
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -34,14 +33,6 @@ RECORDER = str(CHILDREN / "signal_recorder.py")
 STOPS = (signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU)
 NORMAL = [s for s in range(1, 32) if s in FORWARDED and s not in STOPS]
 LAUNCHERS = {"plain": ESIWRAP, "pid-1": AS_PID_1}
-
-
-@pytest.fixture
-def runs() -> Iterator[list[EsiwrapRun]]:
-    started: list[EsiwrapRun] = []
-    yield started
-    for run in started:
-        run.kill()
 
 
 def start(runs: list[EsiwrapRun], *args: str, launcher: tuple[str, ...] = ESIWRAP,
