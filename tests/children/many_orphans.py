@@ -9,6 +9,17 @@ import subprocess
 import sys
 import time
 
+
+def start_time(pid: int) -> str | None:
+    """The process's start time (clock ticks after boot), or None once it is gone: with it, a pid
+    the kernel hands to a new process is not taken for the orphan that had it."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[19]
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return None
+
+
 started = subprocess.run(
     [sys.executable, "-c",
      "import random, subprocess\n"
@@ -17,10 +28,11 @@ started = subprocess.run(
      "    print(p.pid)\n"
      "import os; os._exit(0)\n"],  # no wait: the sleeps are orphans from here on
     capture_output=True, text=True, check=True)
-orphans = [int(line) for line in started.stdout.split()]
+orphans = {pid: start_time(pid) for pid in map(int, started.stdout.split())}  # each lives 0.5 s at least
 deadline = time.monotonic() + 30
 while time.monotonic() < deadline:
-    left = [pid for pid in orphans if os.path.exists(f"/proc/{pid}")]  # a zombie still has its entry
+    # a zombie still has its entry; a pid taken by a new process has another start time
+    left = [pid for pid, began in orphans.items() if began is not None and start_time(pid) == began]
     if not left:
         break
     time.sleep(0.1)
