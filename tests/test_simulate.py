@@ -131,7 +131,10 @@ def test_the_simulated_supervisor_saves_where_the_real_one_did(esiwrap) -> None:
     run = esiwrap("--deadline", f"{deadline:.3f}", "--redundant-time", "2", "--save-duration", "0.4",
                   "--final-margin", "0.4", "--log-level", "debug", "--", sys.executable, str(child),
                   "0.6", "0.3")
-    assert run.finish(timeout=60) == EXIT_CHECKPOINTED
+    code = run.finish(timeout=60)
+    story = [(e["timestamp"][11:23], e["event"], e.get("step"), e.get("kind"), e.get("reason"))
+             for e in run.events if e["event"] != "step_observed"]
+    assert code == EXIT_CHECKPOINTED, story  # a failure under load says what the real run did
     attached = iso_epoch(run.first("trainer_attached")["timestamp"])
     steps = [e["duration_s"] for e in run.events if e["event"] == "step_observed"]
     completed = [e for e in run.events if e["event"] == "save_completed"]
