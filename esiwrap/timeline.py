@@ -252,6 +252,7 @@ def _draw(c: Canvas) -> None:
     _lanes(c)
     _axis(c)
     _training(c)
+    _resume(c)
     _at_risk(c)
     _saves(c)
     _signal_marks(c)
@@ -268,6 +269,9 @@ def _header(c: Canvas) -> None:
     line = (f"run {run.run_id} · {_clock(c.facts.start)} → {_clock(c.facts.end)} UTC "
             f"({_dur(run.duration_s)}) · {saved} of {len(run.saves)} requested saves completed · "
             f"work at risk {_dur(run.work_at_risk.get('seconds'))}")
+    if run.resume is not None:
+        line += (f" · resumed at step {run.resume.get('start_step')}" if run.resume["from_checkpoint"]
+                 else f" · RESUME MISSED ({run.resume.get('steps_redone')} steps redone)")
     if run.command:
         line += " · " + " ".join(run.command)
     c.add(_text(16, c.top + 44, _short(line, 180), size=12, fill=COLORS["muted"], cls="subtitle"))
@@ -319,6 +323,31 @@ def _training(c: Canvas) -> None:
     else:
         c.add(_text((LEFT + WIDTH - RIGHT) / 2, (y0 + y1) / 2 + 4, "no trainer attached", anchor="middle",
                     fill=COLORS["muted"], cls="no-training"))
+
+
+def _resume(c: Canvas) -> None:
+    """Where the run started, when a state file named the job's last durable checkpoint
+    (`resumed`, `resume_missed`): a tick at the trainer's first step and what it started from."""
+    resume = c.facts.run.resume
+    if resume is None or not isinstance(resume.get("at"), str):
+        return
+    y0, y1 = c.lanes["training"]
+    x = c.x(iso_epoch(resume["at"]))
+    if resume["from_checkpoint"]:
+        text, color = f"resumed at step {resume.get('start_step')} ✓", COLORS["completed"]
+    else:
+        text = (f"RESUME MISSED: started at step {resume.get('start_step')}, the checkpoint holds step "
+                f"{resume.get('checkpoint_step')} ({resume.get('steps_redone')} steps redone)")
+        color = COLORS["deadline"]
+    width = text_width(text, 10)
+    left = x + 5 if x + 5 + width <= WIDTH - 4 else max(LEFT + 2, x - 5 - width)
+    c.add(f'<g class="resume" data-start-step="{_esc(str(resume.get("start_step")))}" '
+          f'data-from-checkpoint="{str(bool(resume["from_checkpoint"])).lower()}">'
+          f'<title>{_esc(text)}</title>'
+          f'<line x1="{x:.1f}" y1="{y0 + 4:.1f}" x2="{x:.1f}" y2="{y1 - 4:.1f}" stroke="{color}" '
+          f'stroke-width="2.5"/>'
+          + _text(left, (y0 + y1) / 2 + 4, text, size=10, fill=color, weight="bold", cls="resume-label")
+          + "</g>")
 
 
 def _at_risk(c: Canvas) -> None:

@@ -307,3 +307,21 @@ def test_unwritable_output_is_one_line(tmp_path: Path) -> None:
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert done.stderr.strip().startswith(f"esiwrap: {tmp_path / 'no' / 'x.html'}: No such file or directory")
 
+
+def test_a_resumed_run_says_where_it_started(tmp_path: Path) -> None:
+    """A run whose trainer started from the state file's checkpoint (`resumed`) is marked in the
+    training lane and in the subtitle with its start step; one that started further back
+    (`resume_missed`) is marked as a missed resume, with the steps redone."""
+    resumed = {"event": "resumed", "checkpoint_step": 54, "start_step": 54, "steps_redone": 0}
+    root = svg_of([*PLAIN_RUN[:2], resumed, *PLAIN_RUN[2:]], tmp_path)
+    (mark,) = [g for g in root.iter(f"{SVG}g") if g.get("class") == "resume"]
+    assert mark.get("data-start-step") == "54" and mark.get("data-from-checkpoint") == "true"
+    texts = [t.text or "" for t in root.iter(f"{SVG}text")]
+    assert "resumed at step 54 ✓" in texts and any("resumed at step 54" in t for t in texts if "run r1" in t)
+    missed = {"event": "resume_missed", "checkpoint_step": 54, "start_step": 0, "steps_redone": 54,
+              "causes": ["trainer.resume_mode is disable"]}
+    root = svg_of([*PLAIN_RUN[:2], missed, *PLAIN_RUN[2:]], tmp_path)
+    (mark,) = [g for g in root.iter(f"{SVG}g") if g.get("class") == "resume"]
+    assert mark.get("data-from-checkpoint") == "false"
+    texts = [t.text or "" for t in root.iter(f"{SVG}text")]
+    assert any(t.startswith("RESUME MISSED: started at step 0") and "54 steps redone" in t for t in texts)
