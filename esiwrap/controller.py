@@ -59,6 +59,7 @@ from esiwrap.policy import (
     replan,
     save_estimate_s,
     step_estimate_s,
+    upload_attempt_s,
     upload_estimate_s,
 )
 from esiwrap.snapshot import Snapshot
@@ -69,8 +70,12 @@ DEADLINE_CHANGE_S = 1.0  # smaller moves are the same deadline said twice
 SAVE_WRITE_GRACE_FACTOR = 3.0  # a save being written may run this many estimates before it is cut off
 UPLOAD_TERM_GRACE_S = 2.0  # an upload cut off gets SIGTERM, then SIGKILL this much later
 UPLOAD_EXIT_MARGIN_S = 1.0  # ...and esiwrap is gone this much before the deadline
-UPLOAD_ATTEMPTS = 3  # a failed upload of the newest checkpoint is tried again, this many times in all
+# A failed upload of the newest checkpoint is tried again as long as no newer checkpoint replaces
+# it: after these waits, then waits that double up to UPLOAD_RETRY_MAX_S. Once the child has
+# stopped, each wait is cut short so that an attempt of the expected length still ends before the
+# cut-off; when none can, esiwrap gives up (exit 74).
 UPLOAD_RETRY_S = (5.0, 30.0)  # the waits before the second and the third attempt
+UPLOAD_RETRY_MAX_S = 300.0
 
 
 # Inputs and actions are NamedTuples: as light to make as a tuple, and cheap to define (esiwrap's
@@ -470,6 +475,7 @@ class Controller:
         self.uploads_completed_total = self.uploads_failed_total = 0
         self._filesystem_asked = False
         self._plan_awaits_upload = False  # no further save fits while this upload runs: decide at its end
+        self._upload_window_end: float | None = None  # monotonic, while UPLOADING without a deadline
         self.resume_from = resume_from  # the durable checkpoint an earlier run recorded (state file)
         self._resume_checked = False
 
@@ -888,6 +894,8 @@ class Controller:
         self.upload = UploadRun(checkpoint, attempt, now.wall, now.mono)
         self.obs.upload_began(now.wall)
         self._out.append(StartUpload(checkpoint.step, checkpoint.path, attempt))
+        if self.mode is Mode.UPLOADING:  # the child is gone: this attempt ends by the cut-off
+            self._upload_until = self._attempt_until(self.upload, now)
 
     def _on_upload_started(self, started: UploadStarted, now: Now) -> None:
         run = self.upload
@@ -904,6 +912,7 @@ class Controller:
         if run is None or (run.pid is not None and exited.pid != run.pid):
             return
         self.upload = None
+        self._upload_until, self._upload_killed = None, False  # its cut-off went with it
         duration = max(0.0, now.mono - run.started_mono)
         checkpoint = run.checkpoint
         if exited.code == 0 and not exited.error:
@@ -926,10 +935,9 @@ class Controller:
                       duration_s=_round(duration), attempt=run.attempt, stderr=list(exited.stderr),
                       remaining_s=self._remaining(now), **fields)
             newest = self.upload_waiting is None and checkpoint == self.last_checkpoint
-            if newest and not run.cut_off and not exited.error and run.attempt < UPLOAD_ATTEMPTS \
-                    and self.mode is not Mode.UPLOADING:
-                wait = UPLOAD_RETRY_S[min(run.attempt, len(UPLOAD_RETRY_S)) - 1]
-                self._upload_retry = (checkpoint, run.attempt + 1, now.mono + wait)
+            if newest and not run.cut_off and not exited.error:
+                at = now.mono + upload_retry_wait_s(run.attempt)
+                self._plan_upload_retry(checkpoint, run.attempt + 1, at, now)
         waiting, self.upload_waiting = self.upload_waiting, None
         if waiting is not None and not (self.mode is Mode.UPLOADING and run.cut_off):
             self._start_upload(waiting, 1, now)
@@ -938,6 +946,30 @@ class Controller:
         else:
             self._plan_awaits_upload = False
             self._replan(now)  # the upload is measured, and the next one need not wait for it
+
+    def _plan_upload_retry(self, checkpoint: Checkpoint, attempt: int, at: float, now: Now) -> None:
+        """Try the checkpoint's upload again at monotonic `at`; once the child is gone, no later than
+        an attempt of the expected length can still end before the cut-off, and not at all when
+        none can (then esiwrap gives up on it)."""
+        expected = upload_attempt_s(self.obs, self.config.policy)
+        reason = "backoff"
+        if self.mode is Mode.UPLOADING:
+            latest = self._upload_cutoff(now) - expected
+            if latest < now.mono:
+                self._upload_retry = None
+                self._log("warning", ev.UPLOAD_GIVEN_UP, step=checkpoint.step, path=checkpoint.path,
+                          attempts=attempt - 1, expected_s=_round(expected),
+                          cutoff_in_s=_round(self._upload_cutoff(now) - now.mono),
+                          reason="no further attempt of the expected length ends before the cut-off")
+                return
+            if at > latest:
+                at, reason = latest, "the latest start that still ends before the cut-off"
+        self._upload_retry = (checkpoint, attempt, at)
+        cutoff = {} if self.mode is not Mode.UPLOADING else {
+            "cutoff_in_s": _round(self._upload_cutoff(now) - now.mono)}
+        self._log("info", ev.UPLOAD_RETRY_PLANNED, step=checkpoint.step, path=checkpoint.path,
+                  attempt=attempt, in_s=_round(at - now.mono), reason=reason, expected_s=_round(expected),
+                  remaining_s=self._remaining(now), **cutoff)
 
     def _retry_upload(self, now: Now) -> None:
         retry, self._upload_retry = self._upload_retry, None
@@ -948,24 +980,39 @@ class Controller:
         return self.upload is not None or self.upload_waiting is not None or self._upload_retry is not None
 
     def _await_upload(self, reason: str, now: Now) -> None:
-        """The child's tree is gone, but the last checkpoint's upload is not done: wait for it, up
-        to the moment it must be cut off to exit before the deadline (without a deadline: up to
-        --stop-grace or three upload estimates, whichever is longer)."""
+        """The child's tree is gone, but the last checkpoint's upload is not done: wait for it, and
+        for its retries, up to the cut-off: the moment it must be cut off to exit before the
+        deadline (without a deadline: --stop-grace or three upload estimates, whichever is longer)."""
         self.mode = Mode.UPLOADING
         self._upload_exit_reason = reason
-        retry, self._upload_retry = self._upload_retry, None
-        if self.upload is None and retry is not None:
-            self._start_upload(retry[0], retry[1], now)  # no time to wait for the retry's turn
-        run = self.upload
-        assert run is not None
-        estimate = upload_estimate_s(self.obs, self.config.policy)
-        until = run.started_mono + max(self.config.stop_grace_s, SAVE_WRITE_GRACE_FACTOR * estimate)
-        if self.deadline is not None:  # never past the moment it must be cut off to exit in time
-            latest = self.deadline.at - UPLOAD_TERM_GRACE_S - UPLOAD_EXIT_MARGIN_S
-            until = min(until, now.mono + latest - now.wall)
-        self._upload_until = max(until, now.mono)
-        self._out.append(ExtendStopTimeout(self._upload_until - now.mono + UPLOAD_TERM_GRACE_S
+        self._upload_window_end = None if self.deadline is not None else now.mono + self._upload_wait_s()
+        self._upload_until = None
+        run, retry = self.upload, self._upload_retry
+        if run is not None:
+            self._upload_until = self._attempt_until(run, now)
+        elif retry is not None:  # its wait is cut short if it would start too late to end in time
+            self._plan_upload_retry(retry[0], retry[1], retry[2], now)
+            if self._upload_retry is None:
+                self._uploads_settled(now)
+                return
+        self._out.append(ExtendStopTimeout(max(0.0, self._upload_cutoff(now) - now.mono) + UPLOAD_TERM_GRACE_S
                                            + KILL_WAIT_S + STOP_TIMEOUT_MARGIN_S))
+
+    def _upload_wait_s(self) -> float:
+        """How long an upload is waited for at a stop without a deadline."""
+        estimate = upload_estimate_s(self.obs, self.config.policy)
+        return max(self.config.stop_grace_s, SAVE_WRITE_GRACE_FACTOR * estimate)
+
+    def _upload_cutoff(self, now: Now) -> float:
+        """Monotonic: when an upload still running at a stop must be cut off (SIGTERM), so that
+        esiwrap exits before the deadline; without a deadline, the end of the wait."""
+        if self.deadline is not None:
+            return now.mono + self.deadline.at - UPLOAD_TERM_GRACE_S - UPLOAD_EXIT_MARGIN_S - now.wall
+        return self._upload_window_end if self._upload_window_end is not None else now.mono
+
+    def _attempt_until(self, run: UploadRun, now: Now) -> float:
+        """An attempt at a stop runs until the cut-off, and no longer than esiwrap waits for one."""
+        return max(now.mono, min(run.started_mono + self._upload_wait_s(), self._upload_cutoff(now)))
 
     def _upload_timer(self, now: Now) -> None:
         """While UPLOADING: cut the upload off (SIGTERM, then SIGKILL), then stop waiting for it."""
@@ -994,7 +1041,8 @@ class Controller:
             self._finish(self._upload_exit_reason, now)
 
     def _uploads_settled(self, now: Now) -> None:
-        if self.upload is None:
+        """An upload ended at a stop: exit, unless another attempt is planned."""
+        if self.upload is None and self._upload_retry is None:
             self.upload_waiting = None
             self._finish(self._upload_exit_reason, now)
 
@@ -1406,10 +1454,14 @@ class Controller:
             if immediate and self.mode is Mode.STOPPING:
                 self._kill(now)
             elif immediate and self.mode is Mode.UPLOADING and self.upload is not None:
+                self._upload_retry = None
                 self.upload.cut_off = self.upload.cut_off or f"cut off: {reason}"
                 self._out.append(StopUpload("SIGKILL"))
                 self._upload_killed = True
                 self._upload_until = now.mono + KILL_WAIT_S
+            elif immediate and self.mode is Mode.UPLOADING:  # waiting for a retry: exit now
+                self._upload_retry = None
+                self._uploads_settled(now)
             return
         self.mode = Mode.STOPPING
         self.plan = None
@@ -1544,6 +1596,14 @@ def checkpoint_path(paths: list[str]) -> str:
         return posixpath.commonpath(named)
     except ValueError:  # absolute and relative paths mixed
         return named[0]
+
+
+def upload_retry_wait_s(failed_attempt: int) -> float:
+    """The wait after the failed attempt `failed_attempt` (1, 2, ...): 5 s, 30 s, then doubling up
+    to UPLOAD_RETRY_MAX_S."""
+    if failed_attempt <= len(UPLOAD_RETRY_S):
+        return UPLOAD_RETRY_S[failed_attempt - 1]
+    return min(UPLOAD_RETRY_MAX_S, UPLOAD_RETRY_S[-1] * 2.0 ** (failed_attempt - len(UPLOAD_RETRY_S)))
 
 
 def _round(value: float) -> float | None:

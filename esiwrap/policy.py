@@ -356,6 +356,15 @@ def upload_estimate_s(obs: Observations, config: PolicyConfig) -> float:
     return measured * UPLOAD_SAFETY_FACTOR
 
 
+def upload_attempt_s(obs: Observations, config: PolicyConfig) -> float:
+    """How long one more attempt of an upload is expected to take (does a retry still fit before
+    the cut-off?): the longest upload that completed, in this run or an earlier one, else
+    `--upload-duration`. No safety factor: a retry that ends late is cut off, never worse than
+    not trying."""
+    measured = obs.longest_upload_s
+    return measured if measured is not None else config.upload_duration_s
+
+
 def upload_busy_until(obs: Observations, config: PolicyConfig) -> float | None:
     """When the running upload is expected to end (the next one starts after it), or None."""
     if obs.upload_started_at is None:
