@@ -170,6 +170,7 @@ class Step(NamedTuple):
     pid: int
     step: int
     duration_s: float
+    delay_s: float | None = None  # how long the report took to reach esiwrap, where the shell knows
 
 
 class SaveBegin(NamedTuple):
@@ -195,6 +196,7 @@ class SaveEnd(NamedTuple):
     path: str = ""
     error: str = ""
     peer: bool = False
+    delay_s: float | None = None  # how long the report took to reach esiwrap, where the shell knows
 
 
 class TrainingStart(NamedTuple):
@@ -391,6 +393,8 @@ class SaveRequest:
     done: dict[int, SaveEnd] = field(default_factory=dict)
     save_started_mono: float | None = None
     save_started_at: float | None = None  # wall: the boundary the checkpoint holds
+    boundaries: int = 0  # step reports since it was asked for (a miss says whether the trainer went on)
+    plan: SavePlan | None = None  # the plan that asked for it (deadline saves)
 
 
 class Checkpoint(NamedTuple):
@@ -476,6 +480,8 @@ class Controller:
         self._filesystem_asked = False
         self._plan_awaits_upload = False  # no further save fits while this upload runs: decide at its end
         self._upload_window_end: float | None = None  # monotonic, while UPLOADING without a deadline
+        self._attached_once = False  # a trainer said hello at some point (a miss says if none did)
+        self._last_save_error: tuple[float, str] | None = None  # wall time, what the trainer said
         self.resume_from = resume_from  # the durable checkpoint an earlier run recorded (state file)
         self._resume_checked = False
 
@@ -526,9 +532,12 @@ class Controller:
         self._fire_timers(now)
         return self._take()
 
-    def tick(self, now: Now) -> list[Action]:
+    def tick(self, now: Now, late_s: float | None = None) -> list[Action]:
         """The loop woke up (a timer, or anything else): fire the timers that are due; while
-        stopping, ask for the child's tree to be checked."""
+        stopping, ask for the child's tree to be checked. `late_s`: how long after the wake-up the
+        loop asked for (`wake_at`) it got to run, when it slept until then; plans keep it as margin."""
+        if late_s is not None:
+            self.obs.timer_late.record(late_s)
         self._fire_timers(now)
         if self.mode in (Mode.STOPPING, Mode.KILLING) and not self._exited:
             self._out.append(CheckTree())
@@ -611,7 +620,7 @@ class Controller:
         if now.wall >= deadline.at:
             self._deadline_reached(now)
         elif unattached is not None and now.wall >= unattached:
-            self._begin_stop("no trainer attached to save", EXIT_SAVE_MISSED, now)
+            self._missed("no trainer attached to save", now, level="warning")
         elif self.mode is Mode.RUNNING and self.plan is not None and now.wall >= self.plan.signal_at:
             self._request_save("deadline", now)
         elif self.mode is Mode.RUNNING and self._probe_again_at is not None \
@@ -641,6 +650,7 @@ class Controller:
             self._log("warning", ev.TRAINER_REJECTED, pid=hello.pid, reason="not a descendant of esiwrap")
             return
         self.trainers[hello.pid] = _merged(self.trainers.get(hello.pid), hello, now)
+        self._attached_once = True
         self._log("info", ev.TRAINER_ATTACHED, pid=hello.pid, **hello.fields)
         self.obs.trainer_started(now.wall)
         if hello.nodes is not None and hello.nodes > self._trainer_nodes:
@@ -748,9 +758,14 @@ class Controller:
     def _on_step(self, report: Step, now: Now) -> None:
         if report.pid != self._timing_pid():
             return
+        if report.delay_s is not None:
+            self.obs.report_delay.record(report.delay_s)
+        if self.request is not None:
+            self.request.boundaries += 1
         first = self.obs.last_step is None
         interval = self.obs.record_step(report.step, report.duration_s, now.wall)
-        self._log("debug", ev.STEP_OBSERVED, step=report.step, duration_s=_round(interval))
+        delay = {} if report.delay_s is None else {"delivery_s": _round(report.delay_s)}
+        self._log("debug", ev.STEP_OBSERVED, step=report.step, duration_s=_round(interval), **delay)
         if first:  # the first boundary after a start from step s is s + 1
             self._check_resume(max(0, report.step - 1), NO_FIELDS, now)
         self._check_stop_budget()
@@ -791,8 +806,11 @@ class Controller:
             self.obs.record_blocking(snapshot.duration_s, now.wall)
 
     def _on_save_end(self, end: SaveEnd, now: Now) -> None:
+        if end.delay_s is not None:
+            self.obs.report_delay.record(end.delay_s)
         if not end.ok:
             self.saves_failed_total += 1
+            self._last_save_error = (now.wall, end.error)
             self._log("error", ev.SAVE_FAILED, step=end.step, pid=end.pid, error=end.error)
             return  # the trainer keeps its flag and tries again at the next boundary
         self._adopt_peer_request(end, now)
@@ -1284,9 +1302,71 @@ class Controller:
         if self.last_checkpoint is not None:
             self._begin_stop("deadline reached", EXIT_CHECKPOINTED, now)
             return
+        self._missed("deadline passed without an acknowledged save", now)
+
+    def _missed(self, reason: str, now: Now, level: LogLevel = "error") -> None:
+        """No checkpoint, and none can come now: say why (the last plan, the signal, what was late,
+        what never came), then stop with exit 76."""
         self.saves_missed_total += 1
-        self._log("error", ev.SAVE_MISSED, remaining_s=self._remaining(now))
-        self._begin_stop("deadline passed without an acknowledged save", EXIT_SAVE_MISSED, now)
+        facts = self._miss_facts(now)
+        self._log(level, ev.SAVE_MISSED, remaining_s=self._remaining(now), reason=reason, **facts)
+        self._begin_stop(f"{reason}: {facts['never_came'][0]}", EXIT_SAVE_MISSED, now)
+
+    def _miss_facts(self, now: Now) -> dict[str, Any]:
+        """Why no save was acknowledged: what the run knew, for the log of an exit 76."""
+        request = self.request
+        plan = request.plan if request is not None and request.plan is not None else self.plan
+        obs = self.obs
+        facts: dict[str, Any] = {
+            "last_plan": None if plan is None else {
+                "kind": plan.kind, "signal_at": iso_utc(plan.signal_at),
+                "step_estimate_s": _round(plan.step_estimate_s),
+                "save_estimate_s": _round(plan.save_estimate_s),
+                "upload_estimate_s": _round(plan.upload_estimate_s), "reserve_s": _round(plan.reserve_s),
+                "lateness_s": _round(plan.lateness_s), "why": plan.why},
+            "signal": None if request is None else {
+                "reason": request.reason, "requested_at": iso_utc(request.requested_at),
+                "late_s": _round(request.requested_at - request.plan.signal_at) if request.plan else None,
+                "pids": sorted(request.signalled), "step_reports_since": request.boundaries},
+            "late": {"timers_max_s": _round(obs.timer_late.max_s),
+                     "reports_max_s": _round(obs.report_delay.max_s),
+                     "last_step_report_s_ago": _round(now.wall - obs.step_started_at)
+                     if obs.last_step is not None and obs.step_started_at is not None else None},
+        }
+        facts["never_came"] = self._never_came(request, now)
+        return facts
+
+    def _never_came(self, request: SaveRequest | None, now: Now) -> list[str]:
+        """What the save waited for and did not get, first the one that decided."""
+        found: list[str] = []
+        if self._last_save_error is not None:
+            at, error = self._last_save_error
+            found.append(f"the trainer reported a failed save {now.wall - at:.1f}s ago: "
+                         f"{error or 'no error text'}")
+        if not self._attached_once:
+            found.insert(0, "no trainer said hello: esiwrap.trainer.install() was never called (or the "
+                         "process was not esiwrap's descendant), so no process could take the save signal")
+        elif request is None:
+            found.insert(0, "no save was asked for: the deadline came before the plan's moment (learned "
+                         "too late, or moved earlier)")
+        elif not request.signalled:
+            found.insert(0, "the save signal went to no process: no trainer was attached when the save "
+                         "was due")
+        elif not request.begun and request.boundaries:
+            found.insert(0, f"no save_begin: the trainer reported {request.boundaries} step(s) after the "
+                         "save signal without saving (is esi.save_requested() checked at each boundary?)")
+        elif not request.begun:
+            found.insert(0, f"no step boundary came after the save signal "
+                         f"({now.wall - request.requested_at:.1f}s before the deadline): the step in "
+                         "progress ran longer than the plan allowed")
+        elif not request.done:
+            started = request.save_started_at or request.requested_at
+            found.insert(0, f"save_begin came {now.wall - started:.1f}s before the deadline, save_end never "
+                         "came: the save took longer than planned")
+        else:
+            waiting = sorted({t.pid for t in self.trainers.values() if t.saves} - set(request.done))
+            found.insert(0, f"save_end came from some ranks, not from {waiting}")
+        return found
 
     # ------------------------------------------------------------------ planning
     def _replan(self, now: Now) -> None:
@@ -1314,7 +1394,7 @@ class Controller:
                 "info", ev.SAVE_SCHEDULED, kind=plan.kind, signal_at=iso_utc(plan.nominal_at),
                 in_s=_round(plan.nominal_at - now.wall), step_estimate_s=_round(plan.step_estimate_s),
                 save_estimate_s=_round(plan.save_estimate_s), reserve_s=_round(plan.reserve_s),
-                why=plan.why,
+                lateness_s=_round(plan.lateness_s), why=plan.why,
             )
 
     def _no_further_save(self, now: Now) -> None:
@@ -1354,12 +1434,13 @@ class Controller:
             return
         plan = self.plan if reason == "deadline" else None
         kind = plan.kind if plan is not None else reason
-        self.request = SaveRequest(reason=reason, kind=kind, requested_at=now.wall)
+        self.request = SaveRequest(reason=reason, kind=kind, requested_at=now.wall, plan=plan)
         if self.mode is Mode.RUNNING:  # a save by hand while continuing keeps continuing
             self.mode = Mode.SAVE_REQUESTED
         planned = {} if plan is None else {  # the plan as it stood when it fired (for `esiwrap report`)
-            "planned_at": iso_utc(plan.signal_at), "step_estimate_s": _round(plan.step_estimate_s),
-            "save_estimate_s": _round(plan.save_estimate_s), "why": plan.why,
+            "planned_at": iso_utc(plan.signal_at), "late_s": _round(now.wall - plan.signal_at),
+            "step_estimate_s": _round(plan.step_estimate_s), "save_estimate_s": _round(plan.save_estimate_s),
+            "why": plan.why,
         }
         self._log("info", ev.SAVE_REQUESTED, reason=reason, kind=kind, remaining_s=self._remaining(now),
                   signal=self.config.save_signal, pids=targets, **planned)
@@ -1428,13 +1509,16 @@ class Controller:
                 self._extend_stop_timeout(now)
                 return
         self._ack_until = None
+        saved = self._progress_is_saved()
+        if not saved and self.deadline is not None and now.wall >= self.deadline.at:
+            self._missed("deadline passed without an acknowledged save", now)
+            return
         self.saves_missed_total += 1
         self._log("warning", ev.SAVE_MISSED, remaining_s=self._remaining(now),
-                  reason="no acknowledgement within --stop-grace")
-        if self._progress_is_saved():
+                  reason="no acknowledgement within --stop-grace",
+                  never_came=self._never_came(self.request, now))
+        if saved:
             self._begin_stop("stop requested, latest step already saved", EXIT_CHECKPOINTED, now)
-        elif self.deadline is not None and now.wall >= self.deadline.at:
-            self._begin_stop("deadline passed without an acknowledged save", EXIT_SAVE_MISSED, now)
         else:
             self._begin_stop("SIGTERM", None, now)
 
@@ -1583,6 +1667,7 @@ class Controller:
             durable_step=self.durable_checkpoint.step if self.durable_checkpoint else None,
             uploading_step=self.upload.checkpoint.step if self.upload else None,
             uploads_completed=self.uploads_completed_total, uploads_failed=self.uploads_failed_total,
+            **_lateness(self.obs),
         )
 
 
@@ -1604,6 +1689,21 @@ def upload_retry_wait_s(failed_attempt: int) -> float:
     if failed_attempt <= len(UPLOAD_RETRY_S):
         return UPLOAD_RETRY_S[failed_attempt - 1]
     return min(UPLOAD_RETRY_MAX_S, UPLOAD_RETRY_S[-1] * 2.0 ** (failed_attempt - len(UPLOAD_RETRY_S)))
+
+
+def _lateness(obs: Observations) -> dict[str, float | None]:
+    """The snapshot's lateness figures (None before anything was measured)."""
+    timers, reports = obs.timer_late, obs.report_delay
+    return {
+        "timer_late_p99_s": _round_opt(timers.quantile_s(0.99)),
+        "timer_late_max_s": _round(timers.max_s) if timers.count else None,
+        "report_delay_p99_s": _round_opt(reports.quantile_s(0.99)),
+        "report_delay_max_s": _round(reports.max_s) if reports.count else None,
+    }
+
+
+def _round_opt(value: float | None) -> float | None:
+    return None if value is None else _round(value)
 
 
 def _round(value: float) -> float | None:
