@@ -1,8 +1,9 @@
 """Trainer -> supervisor messages: JSON datagrams on a Unix socket named by `ESIWRAP_SOCKET`.
 
 Datagrams keep message boundaries, need no connection, and a full or missing receiver makes
-`send` fail at once instead of blocking a training step. Messages (every one carries `pid`; their
-type names are `esiwrap.messages`):
+`send` fail at once instead of blocking a training step. Messages (every one carries `pid`, and
+`sent_mono`, the sender's `time.monotonic()`, from which the supervisor learns how late reports
+reach it; their type names are `esiwrap.messages`):
 
     {"type": "hello", "pid": P, "rank": 0, "world_size": 1, "saves": true, "signal": true,
      "stop_signal": "SIGINT", "integration": "plain", "version": "..."}
@@ -33,6 +34,7 @@ import json
 import math
 import os
 import socket
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -160,7 +162,10 @@ class ChannelClient:
     def send(self, message_type: str, **fields: Any) -> bool:
         if self.path is None:
             return False
-        payload = {"type": message_type, "pid": os.getpid(), **fields}
+        # sent_mono: this machine's monotonic clock, so the receiver knows how late a report came
+        # (a relay stamps what it forwards anew: only its own hop is measured)
+        payload = {"type": message_type, "pid": os.getpid(), **fields,
+                   "sent_mono": round(time.monotonic(), 6)}
         try:
             if self._sock is None:
                 self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)

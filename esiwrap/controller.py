@@ -59,6 +59,7 @@ from esiwrap.policy import (
     replan,
     save_estimate_s,
     step_estimate_s,
+    upload_attempt_s,
     upload_estimate_s,
 )
 from esiwrap.snapshot import Snapshot
@@ -69,8 +70,12 @@ DEADLINE_CHANGE_S = 1.0  # smaller moves are the same deadline said twice
 SAVE_WRITE_GRACE_FACTOR = 3.0  # a save being written may run this many estimates before it is cut off
 UPLOAD_TERM_GRACE_S = 2.0  # an upload cut off gets SIGTERM, then SIGKILL this much later
 UPLOAD_EXIT_MARGIN_S = 1.0  # ...and esiwrap is gone this much before the deadline
-UPLOAD_ATTEMPTS = 3  # a failed upload of the newest checkpoint is tried again, this many times in all
+# A failed upload of the newest checkpoint is tried again as long as no newer checkpoint replaces
+# it: after these waits, then waits that double up to UPLOAD_RETRY_MAX_S. Once the child has
+# stopped, each wait is cut short so that an attempt of the expected length still ends before the
+# cut-off; when none can, esiwrap gives up (exit 74).
 UPLOAD_RETRY_S = (5.0, 30.0)  # the waits before the second and the third attempt
+UPLOAD_RETRY_MAX_S = 300.0
 
 
 # Inputs and actions are NamedTuples: as light to make as a tuple, and cheap to define (esiwrap's
@@ -165,6 +170,7 @@ class Step(NamedTuple):
     pid: int
     step: int
     duration_s: float
+    delay_s: float | None = None  # how long the report took to reach esiwrap, where the shell knows
 
 
 class SaveBegin(NamedTuple):
@@ -190,6 +196,7 @@ class SaveEnd(NamedTuple):
     path: str = ""
     error: str = ""
     peer: bool = False
+    delay_s: float | None = None  # how long the report took to reach esiwrap, where the shell knows
 
 
 class TrainingStart(NamedTuple):
@@ -386,6 +393,8 @@ class SaveRequest:
     done: dict[int, SaveEnd] = field(default_factory=dict)
     save_started_mono: float | None = None
     save_started_at: float | None = None  # wall: the boundary the checkpoint holds
+    boundaries: int = 0  # step reports since it was asked for (a miss says whether the trainer went on)
+    plan: SavePlan | None = None  # the plan that asked for it (deadline saves)
 
 
 class Checkpoint(NamedTuple):
@@ -470,6 +479,9 @@ class Controller:
         self.uploads_completed_total = self.uploads_failed_total = 0
         self._filesystem_asked = False
         self._plan_awaits_upload = False  # no further save fits while this upload runs: decide at its end
+        self._upload_window_end: float | None = None  # monotonic, while UPLOADING without a deadline
+        self._attached_once = False  # a trainer said hello at some point (a miss says if none did)
+        self._last_save_error: tuple[float, str] | None = None  # wall time, what the trainer said
         self.resume_from = resume_from  # the durable checkpoint an earlier run recorded (state file)
         self._resume_checked = False
 
@@ -520,9 +532,12 @@ class Controller:
         self._fire_timers(now)
         return self._take()
 
-    def tick(self, now: Now) -> list[Action]:
+    def tick(self, now: Now, late_s: float | None = None) -> list[Action]:
         """The loop woke up (a timer, or anything else): fire the timers that are due; while
-        stopping, ask for the child's tree to be checked."""
+        stopping, ask for the child's tree to be checked. `late_s`: how long after the wake-up the
+        loop asked for (`wake_at`) it got to run, when it slept until then; plans keep it as margin."""
+        if late_s is not None:
+            self.obs.timer_late.record(late_s)
         self._fire_timers(now)
         if self.mode in (Mode.STOPPING, Mode.KILLING) and not self._exited:
             self._out.append(CheckTree())
@@ -605,7 +620,7 @@ class Controller:
         if now.wall >= deadline.at:
             self._deadline_reached(now)
         elif unattached is not None and now.wall >= unattached:
-            self._begin_stop("no trainer attached to save", EXIT_SAVE_MISSED, now)
+            self._missed("no trainer attached to save", now, level="warning")
         elif self.mode is Mode.RUNNING and self.plan is not None and now.wall >= self.plan.signal_at:
             self._request_save("deadline", now)
         elif self.mode is Mode.RUNNING and self._probe_again_at is not None \
@@ -635,6 +650,7 @@ class Controller:
             self._log("warning", ev.TRAINER_REJECTED, pid=hello.pid, reason="not a descendant of esiwrap")
             return
         self.trainers[hello.pid] = _merged(self.trainers.get(hello.pid), hello, now)
+        self._attached_once = True
         self._log("info", ev.TRAINER_ATTACHED, pid=hello.pid, **hello.fields)
         self.obs.trainer_started(now.wall)
         if hello.nodes is not None and hello.nodes > self._trainer_nodes:
@@ -742,9 +758,14 @@ class Controller:
     def _on_step(self, report: Step, now: Now) -> None:
         if report.pid != self._timing_pid():
             return
+        if report.delay_s is not None:
+            self.obs.report_delay.record(report.delay_s)
+        if self.request is not None:
+            self.request.boundaries += 1
         first = self.obs.last_step is None
         interval = self.obs.record_step(report.step, report.duration_s, now.wall)
-        self._log("debug", ev.STEP_OBSERVED, step=report.step, duration_s=_round(interval))
+        delay = {} if report.delay_s is None else {"delivery_s": _round(report.delay_s)}
+        self._log("debug", ev.STEP_OBSERVED, step=report.step, duration_s=_round(interval), **delay)
         if first:  # the first boundary after a start from step s is s + 1
             self._check_resume(max(0, report.step - 1), NO_FIELDS, now)
         self._check_stop_budget()
@@ -785,8 +806,11 @@ class Controller:
             self.obs.record_blocking(snapshot.duration_s, now.wall)
 
     def _on_save_end(self, end: SaveEnd, now: Now) -> None:
+        if end.delay_s is not None:
+            self.obs.report_delay.record(end.delay_s)
         if not end.ok:
             self.saves_failed_total += 1
+            self._last_save_error = (now.wall, end.error)
             self._log("error", ev.SAVE_FAILED, step=end.step, pid=end.pid, error=end.error)
             return  # the trainer keeps its flag and tries again at the next boundary
         self._adopt_peer_request(end, now)
@@ -888,6 +912,8 @@ class Controller:
         self.upload = UploadRun(checkpoint, attempt, now.wall, now.mono)
         self.obs.upload_began(now.wall)
         self._out.append(StartUpload(checkpoint.step, checkpoint.path, attempt))
+        if self.mode is Mode.UPLOADING:  # the child is gone: this attempt ends by the cut-off
+            self._upload_until = self._attempt_until(self.upload, now)
 
     def _on_upload_started(self, started: UploadStarted, now: Now) -> None:
         run = self.upload
@@ -904,6 +930,7 @@ class Controller:
         if run is None or (run.pid is not None and exited.pid != run.pid):
             return
         self.upload = None
+        self._upload_until, self._upload_killed = None, False  # its cut-off went with it
         duration = max(0.0, now.mono - run.started_mono)
         checkpoint = run.checkpoint
         if exited.code == 0 and not exited.error:
@@ -926,10 +953,9 @@ class Controller:
                       duration_s=_round(duration), attempt=run.attempt, stderr=list(exited.stderr),
                       remaining_s=self._remaining(now), **fields)
             newest = self.upload_waiting is None and checkpoint == self.last_checkpoint
-            if newest and not run.cut_off and not exited.error and run.attempt < UPLOAD_ATTEMPTS \
-                    and self.mode is not Mode.UPLOADING:
-                wait = UPLOAD_RETRY_S[min(run.attempt, len(UPLOAD_RETRY_S)) - 1]
-                self._upload_retry = (checkpoint, run.attempt + 1, now.mono + wait)
+            if newest and not run.cut_off and not exited.error:
+                at = now.mono + upload_retry_wait_s(run.attempt)
+                self._plan_upload_retry(checkpoint, run.attempt + 1, at, now)
         waiting, self.upload_waiting = self.upload_waiting, None
         if waiting is not None and not (self.mode is Mode.UPLOADING and run.cut_off):
             self._start_upload(waiting, 1, now)
@@ -938,6 +964,30 @@ class Controller:
         else:
             self._plan_awaits_upload = False
             self._replan(now)  # the upload is measured, and the next one need not wait for it
+
+    def _plan_upload_retry(self, checkpoint: Checkpoint, attempt: int, at: float, now: Now) -> None:
+        """Try the checkpoint's upload again at monotonic `at`; once the child is gone, no later than
+        an attempt of the expected length can still end before the cut-off, and not at all when
+        none can (then esiwrap gives up on it)."""
+        expected = upload_attempt_s(self.obs, self.config.policy)
+        reason = "backoff"
+        if self.mode is Mode.UPLOADING:
+            latest = self._upload_cutoff(now) - expected
+            if latest < now.mono:
+                self._upload_retry = None
+                self._log("warning", ev.UPLOAD_GIVEN_UP, step=checkpoint.step, path=checkpoint.path,
+                          attempts=attempt - 1, expected_s=_round(expected),
+                          cutoff_in_s=_round(self._upload_cutoff(now) - now.mono),
+                          reason="no further attempt of the expected length ends before the cut-off")
+                return
+            if at > latest:
+                at, reason = latest, "the latest start that still ends before the cut-off"
+        self._upload_retry = (checkpoint, attempt, at)
+        cutoff = {} if self.mode is not Mode.UPLOADING else {
+            "cutoff_in_s": _round(self._upload_cutoff(now) - now.mono)}
+        self._log("info", ev.UPLOAD_RETRY_PLANNED, step=checkpoint.step, path=checkpoint.path,
+                  attempt=attempt, in_s=_round(at - now.mono), reason=reason, expected_s=_round(expected),
+                  remaining_s=self._remaining(now), **cutoff)
 
     def _retry_upload(self, now: Now) -> None:
         retry, self._upload_retry = self._upload_retry, None
@@ -948,24 +998,39 @@ class Controller:
         return self.upload is not None or self.upload_waiting is not None or self._upload_retry is not None
 
     def _await_upload(self, reason: str, now: Now) -> None:
-        """The child's tree is gone, but the last checkpoint's upload is not done: wait for it, up
-        to the moment it must be cut off to exit before the deadline (without a deadline: up to
-        --stop-grace or three upload estimates, whichever is longer)."""
+        """The child's tree is gone, but the last checkpoint's upload is not done: wait for it, and
+        for its retries, up to the cut-off: the moment it must be cut off to exit before the
+        deadline (without a deadline: --stop-grace or three upload estimates, whichever is longer)."""
         self.mode = Mode.UPLOADING
         self._upload_exit_reason = reason
-        retry, self._upload_retry = self._upload_retry, None
-        if self.upload is None and retry is not None:
-            self._start_upload(retry[0], retry[1], now)  # no time to wait for the retry's turn
-        run = self.upload
-        assert run is not None
-        estimate = upload_estimate_s(self.obs, self.config.policy)
-        until = run.started_mono + max(self.config.stop_grace_s, SAVE_WRITE_GRACE_FACTOR * estimate)
-        if self.deadline is not None:  # never past the moment it must be cut off to exit in time
-            latest = self.deadline.at - UPLOAD_TERM_GRACE_S - UPLOAD_EXIT_MARGIN_S
-            until = min(until, now.mono + latest - now.wall)
-        self._upload_until = max(until, now.mono)
-        self._out.append(ExtendStopTimeout(self._upload_until - now.mono + UPLOAD_TERM_GRACE_S
+        self._upload_window_end = None if self.deadline is not None else now.mono + self._upload_wait_s()
+        self._upload_until = None
+        run, retry = self.upload, self._upload_retry
+        if run is not None:
+            self._upload_until = self._attempt_until(run, now)
+        elif retry is not None:  # its wait is cut short if it would start too late to end in time
+            self._plan_upload_retry(retry[0], retry[1], retry[2], now)
+            if self._upload_retry is None:
+                self._uploads_settled(now)
+                return
+        self._out.append(ExtendStopTimeout(max(0.0, self._upload_cutoff(now) - now.mono) + UPLOAD_TERM_GRACE_S
                                            + KILL_WAIT_S + STOP_TIMEOUT_MARGIN_S))
+
+    def _upload_wait_s(self) -> float:
+        """How long an upload is waited for at a stop without a deadline."""
+        estimate = upload_estimate_s(self.obs, self.config.policy)
+        return max(self.config.stop_grace_s, SAVE_WRITE_GRACE_FACTOR * estimate)
+
+    def _upload_cutoff(self, now: Now) -> float:
+        """Monotonic: when an upload still running at a stop must be cut off (SIGTERM), so that
+        esiwrap exits before the deadline; without a deadline, the end of the wait."""
+        if self.deadline is not None:
+            return now.mono + self.deadline.at - UPLOAD_TERM_GRACE_S - UPLOAD_EXIT_MARGIN_S - now.wall
+        return self._upload_window_end if self._upload_window_end is not None else now.mono
+
+    def _attempt_until(self, run: UploadRun, now: Now) -> float:
+        """An attempt at a stop runs until the cut-off, and no longer than esiwrap waits for one."""
+        return max(now.mono, min(run.started_mono + self._upload_wait_s(), self._upload_cutoff(now)))
 
     def _upload_timer(self, now: Now) -> None:
         """While UPLOADING: cut the upload off (SIGTERM, then SIGKILL), then stop waiting for it."""
@@ -994,7 +1059,8 @@ class Controller:
             self._finish(self._upload_exit_reason, now)
 
     def _uploads_settled(self, now: Now) -> None:
-        if self.upload is None:
+        """An upload ended at a stop: exit, unless another attempt is planned."""
+        if self.upload is None and self._upload_retry is None:
             self.upload_waiting = None
             self._finish(self._upload_exit_reason, now)
 
@@ -1236,9 +1302,71 @@ class Controller:
         if self.last_checkpoint is not None:
             self._begin_stop("deadline reached", EXIT_CHECKPOINTED, now)
             return
+        self._missed("deadline passed without an acknowledged save", now)
+
+    def _missed(self, reason: str, now: Now, level: LogLevel = "error") -> None:
+        """No checkpoint, and none can come now: say why (the last plan, the signal, what was late,
+        what never came), then stop with exit 76."""
         self.saves_missed_total += 1
-        self._log("error", ev.SAVE_MISSED, remaining_s=self._remaining(now))
-        self._begin_stop("deadline passed without an acknowledged save", EXIT_SAVE_MISSED, now)
+        facts = self._miss_facts(now)
+        self._log(level, ev.SAVE_MISSED, remaining_s=self._remaining(now), reason=reason, **facts)
+        self._begin_stop(f"{reason}: {facts['never_came'][0]}", EXIT_SAVE_MISSED, now)
+
+    def _miss_facts(self, now: Now) -> dict[str, Any]:
+        """Why no save was acknowledged: what the run knew, for the log of an exit 76."""
+        request = self.request
+        plan = request.plan if request is not None and request.plan is not None else self.plan
+        obs = self.obs
+        facts: dict[str, Any] = {
+            "last_plan": None if plan is None else {
+                "kind": plan.kind, "signal_at": iso_utc(plan.signal_at),
+                "step_estimate_s": _round(plan.step_estimate_s),
+                "save_estimate_s": _round(plan.save_estimate_s),
+                "upload_estimate_s": _round(plan.upload_estimate_s), "reserve_s": _round(plan.reserve_s),
+                "lateness_s": _round(plan.lateness_s), "why": plan.why},
+            "signal": None if request is None else {
+                "reason": request.reason, "requested_at": iso_utc(request.requested_at),
+                "late_s": _round(request.requested_at - request.plan.signal_at) if request.plan else None,
+                "pids": sorted(request.signalled), "step_reports_since": request.boundaries},
+            "late": {"timers_max_s": _round(obs.timer_late.max_s),
+                     "reports_max_s": _round(obs.report_delay.max_s),
+                     "last_step_report_s_ago": _round(now.wall - obs.step_started_at)
+                     if obs.last_step is not None and obs.step_started_at is not None else None},
+        }
+        facts["never_came"] = self._never_came(request, now)
+        return facts
+
+    def _never_came(self, request: SaveRequest | None, now: Now) -> list[str]:
+        """What the save waited for and did not get, first the one that decided."""
+        found: list[str] = []
+        if self._last_save_error is not None:
+            at, error = self._last_save_error
+            found.append(f"the trainer reported a failed save {now.wall - at:.1f}s ago: "
+                         f"{error or 'no error text'}")
+        if not self._attached_once:
+            found.insert(0, "no trainer said hello: esiwrap.trainer.install() was never called (or the "
+                         "process was not esiwrap's descendant), so no process could take the save signal")
+        elif request is None:
+            found.insert(0, "no save was asked for: the deadline came before the plan's moment (learned "
+                         "too late, or moved earlier)")
+        elif not request.signalled:
+            found.insert(0, "the save signal went to no process: no trainer was attached when the save "
+                         "was due")
+        elif not request.begun and request.boundaries:
+            found.insert(0, f"no save_begin: the trainer reported {request.boundaries} step(s) after the "
+                         "save signal without saving (is esi.save_requested() checked at each boundary?)")
+        elif not request.begun:
+            found.insert(0, f"no step boundary came after the save signal "
+                         f"({now.wall - request.requested_at:.1f}s before the deadline): the step in "
+                         "progress ran longer than the plan allowed")
+        elif not request.done:
+            started = request.save_started_at or request.requested_at
+            found.insert(0, f"save_begin came {now.wall - started:.1f}s before the deadline, save_end never "
+                         "came: the save took longer than planned")
+        else:
+            waiting = sorted({t.pid for t in self.trainers.values() if t.saves} - set(request.done))
+            found.insert(0, f"save_end came from some ranks, not from {waiting}")
+        return found
 
     # ------------------------------------------------------------------ planning
     def _replan(self, now: Now) -> None:
@@ -1266,7 +1394,7 @@ class Controller:
                 "info", ev.SAVE_SCHEDULED, kind=plan.kind, signal_at=iso_utc(plan.nominal_at),
                 in_s=_round(plan.nominal_at - now.wall), step_estimate_s=_round(plan.step_estimate_s),
                 save_estimate_s=_round(plan.save_estimate_s), reserve_s=_round(plan.reserve_s),
-                why=plan.why,
+                lateness_s=_round(plan.lateness_s), why=plan.why,
             )
 
     def _no_further_save(self, now: Now) -> None:
@@ -1306,12 +1434,13 @@ class Controller:
             return
         plan = self.plan if reason == "deadline" else None
         kind = plan.kind if plan is not None else reason
-        self.request = SaveRequest(reason=reason, kind=kind, requested_at=now.wall)
+        self.request = SaveRequest(reason=reason, kind=kind, requested_at=now.wall, plan=plan)
         if self.mode is Mode.RUNNING:  # a save by hand while continuing keeps continuing
             self.mode = Mode.SAVE_REQUESTED
         planned = {} if plan is None else {  # the plan as it stood when it fired (for `esiwrap report`)
-            "planned_at": iso_utc(plan.signal_at), "step_estimate_s": _round(plan.step_estimate_s),
-            "save_estimate_s": _round(plan.save_estimate_s), "why": plan.why,
+            "planned_at": iso_utc(plan.signal_at), "late_s": _round(now.wall - plan.signal_at),
+            "step_estimate_s": _round(plan.step_estimate_s), "save_estimate_s": _round(plan.save_estimate_s),
+            "why": plan.why,
         }
         self._log("info", ev.SAVE_REQUESTED, reason=reason, kind=kind, remaining_s=self._remaining(now),
                   signal=self.config.save_signal, pids=targets, **planned)
@@ -1380,13 +1509,16 @@ class Controller:
                 self._extend_stop_timeout(now)
                 return
         self._ack_until = None
+        saved = self._progress_is_saved()
+        if not saved and self.deadline is not None and now.wall >= self.deadline.at:
+            self._missed("deadline passed without an acknowledged save", now)
+            return
         self.saves_missed_total += 1
         self._log("warning", ev.SAVE_MISSED, remaining_s=self._remaining(now),
-                  reason="no acknowledgement within --stop-grace")
-        if self._progress_is_saved():
+                  reason="no acknowledgement within --stop-grace",
+                  never_came=self._never_came(self.request, now))
+        if saved:
             self._begin_stop("stop requested, latest step already saved", EXIT_CHECKPOINTED, now)
-        elif self.deadline is not None and now.wall >= self.deadline.at:
-            self._begin_stop("deadline passed without an acknowledged save", EXIT_SAVE_MISSED, now)
         else:
             self._begin_stop("SIGTERM", None, now)
 
@@ -1406,10 +1538,14 @@ class Controller:
             if immediate and self.mode is Mode.STOPPING:
                 self._kill(now)
             elif immediate and self.mode is Mode.UPLOADING and self.upload is not None:
+                self._upload_retry = None
                 self.upload.cut_off = self.upload.cut_off or f"cut off: {reason}"
                 self._out.append(StopUpload("SIGKILL"))
                 self._upload_killed = True
                 self._upload_until = now.mono + KILL_WAIT_S
+            elif immediate and self.mode is Mode.UPLOADING:  # waiting for a retry: exit now
+                self._upload_retry = None
+                self._uploads_settled(now)
             return
         self.mode = Mode.STOPPING
         self.plan = None
@@ -1531,6 +1667,7 @@ class Controller:
             durable_step=self.durable_checkpoint.step if self.durable_checkpoint else None,
             uploading_step=self.upload.checkpoint.step if self.upload else None,
             uploads_completed=self.uploads_completed_total, uploads_failed=self.uploads_failed_total,
+            **_lateness(self.obs),
         )
 
 
@@ -1544,6 +1681,29 @@ def checkpoint_path(paths: list[str]) -> str:
         return posixpath.commonpath(named)
     except ValueError:  # absolute and relative paths mixed
         return named[0]
+
+
+def upload_retry_wait_s(failed_attempt: int) -> float:
+    """The wait after the failed attempt `failed_attempt` (1, 2, ...): 5 s, 30 s, then doubling up
+    to UPLOAD_RETRY_MAX_S."""
+    if failed_attempt <= len(UPLOAD_RETRY_S):
+        return UPLOAD_RETRY_S[failed_attempt - 1]
+    return min(UPLOAD_RETRY_MAX_S, UPLOAD_RETRY_S[-1] * 2.0 ** (failed_attempt - len(UPLOAD_RETRY_S)))
+
+
+def _lateness(obs: Observations) -> dict[str, float | None]:
+    """The snapshot's lateness figures (None before anything was measured)."""
+    timers, reports = obs.timer_late, obs.report_delay
+    return {
+        "timer_late_p99_s": _round_opt(timers.quantile_s(0.99)),
+        "timer_late_max_s": _round(timers.max_s) if timers.count else None,
+        "report_delay_p99_s": _round_opt(reports.quantile_s(0.99)),
+        "report_delay_max_s": _round(reports.max_s) if reports.count else None,
+    }
+
+
+def _round_opt(value: float | None) -> float | None:
+    return None if value is None else _round(value)
 
 
 def _round(value: float) -> float | None:

@@ -51,7 +51,9 @@ CHILD_EXITED = _event(
 SUPERVISOR_EXIT = _event(
     "supervisor_exit", COMMAND, "esiwrap exits",
     "code, reason, last_step, checkpoint_step (the last completed), durable_step (the last "
-    "durable: with `--upload`, uploaded)")
+    "durable: with `--upload`, uploaded), lateness ({\"timers\": {p99_s, max_s}, \"reports\": "
+    "{p99_s, max_s}}: how late esiwrap's loop woke for its timers and how long trainer reports took "
+    "to reach it, over the run)")
 SUPERVISOR_FAILED = _event(
     "supervisor_failed", COMMAND, "a bug in esiwrap (error level)",
     "error, exception (the child gets its stop signal, exit 1)")
@@ -103,7 +105,8 @@ NO_TRAINER_ATTACHED = _event(
     "action")
 STEP_OBSERVED = _event(
     "step_observed", TRAINERS, "every step boundary (debug level: `--log-level debug`)",
-    "step, duration_s")
+    "step, duration_s, delivery_s (how long the report took to reach esiwrap, from the `sent_mono` "
+    "stamp the trainer library puts on every message)")
 STORAGE_PROBED = _event(
     "storage_probed", TRAINERS, "the checkpoint storage's write speed was measured",
     "path, source (`probe`, or `previous checkpoint`), bandwidth_mb_s, written_bytes (the probe's "
@@ -114,7 +117,8 @@ SAVE_SCHEDULED = _event(
     "save_scheduled", SAVES, "a save was planned, or its moment moved by more than 5 s",
     "kind (calibration/periodic/insurance/final), signal_at, in_s, step_estimate_s, "
     "save_estimate_s, reserve_s (the slack kept before the deadline: `--redundant-time` for "
-    "insurance, `--final-margin` for final saves, 0 for the others), why (one phrase: the rule that "
+    "insurance, `--final-margin` for final saves, 0 for the others), lateness_s (added to the "
+    "slack: esiwrap's own lateness on this node), why (one phrase: the rule that "
     "planned it and what the estimate rests on: a measured save, an earlier run's, `prior 700s from "
     "140 GB at 200 MB/s (probe)`, or a guess; for a periodic save, the interruption rate it assumed "
     "and where that came from)")
@@ -123,8 +127,8 @@ SAVE_REQUESTED = _event(
     "reason (deadline/sigterm/manual/peer/early_warning; deadline for every planned save; peer: a "
     "save another node's esiwrap asked for, seen in the trainer's messages, multi-node torchrun; "
     "early_warning: after an `early_warning`), kind, remaining_s (null without a deadline), signal, "
-    "pids; for a planned save also planned_at, step_estimate_s, save_estimate_s, why (the plan when "
-    "it fired)")
+    "pids; for a planned save also planned_at, late_s (the moment the signal went out minus "
+    "planned_at), step_estimate_s, save_estimate_s, why (the plan when it fired)")
 SAVE_STARTED = _event(
     "save_started", SAVES, "a trainer began writing a checkpoint",
     "step, pid, requested")
@@ -135,8 +139,13 @@ SAVE_FAILED = _event(
     "save_failed", SAVES, "the trainer reported a failed save; the next boundary tries again",
     "step, pid, error")
 SAVE_MISSED = _event(
-    "save_missed", SAVES, "a save asked for was not acknowledged in time",
-    "remaining_s")
+    "save_missed", SAVES, "a save asked for was not acknowledged in time (and on the way to exit 76: why)",
+    "remaining_s, reason; on the way to exit 76 also last_plan (kind, signal_at, the estimates, "
+    "reserve_s, lateness_s, why), signal (reason, requested_at, late_s, pids, step_reports_since), "
+    "late (timers_max_s, reports_max_s, last_step_report_s_ago) and never_came (what the save "
+    "waited for and did not get, the deciding one first: no hello, no save asked for, nobody to "
+    "signal, no step boundary after the signal, steps without a save, a save begun and never "
+    "ended, a failed save)")
 TRAINING_CONTINUES = _event(
     "training_continues", SAVES, "after the last save that fits, the trainer trains on",
     "reason (`--after-save continue`, or linger: \"no further save fits…\" with stop_at, in_s)")
@@ -160,6 +169,14 @@ UPLOAD_SKIPPED = _event(
     "upload_skipped", UPLOADS,
     "a newer checkpoint completed while another upload ran: this one is never uploaded",
     "step, path, superseded_by, reason")
+UPLOAD_RETRY_PLANNED = _event(
+    "upload_retry_planned", UPLOADS, "a failed upload will be tried again",
+    "step, path, attempt (the one planned), in_s, reason (`backoff`, or, once the child has "
+    "stopped, `the latest start that still ends before the cut-off`), expected_s (how long an "
+    "attempt is expected to take), remaining_s; at a stop also cutoff_in_s")
+UPLOAD_GIVEN_UP = _event(
+    "upload_given_up", UPLOADS, "no further upload attempt can end before the cut-off (warning): exit 74",
+    "step, path, attempts, expected_s, cutoff_in_s, reason")
 
 # ---------------------------------------------------------------------------- state and resumes
 STATE_LOADED = _event(

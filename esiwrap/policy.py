@@ -67,6 +67,11 @@ CALIBRATION_MIN_HORIZON_S = 3600.0  # ...and at least an hour away
 PERIODIC_SKIP_FRACTION = 0.5
 SECONDS_PER_DAY = 86_400.0
 RESCHEDULE_LOG_THRESHOLD_S = 5.0
+# esiwrap's own lateness on a busy node: how late the loop woke for its timers, and how long the
+# trainer's reports took to reach it. The plan's margin takes the worst of the recent ones of each
+# (a save's signal goes out late by the one, its acknowledgement arrives late by the other).
+LATENESS_WINDOW = 50
+LATENESS_KEPT = 1000  # ...and this many of the run's, for people (p50, p99)
 
 # The prior: a save of B bytes to storage probed at W bytes/s takes about B / W. How far off that
 # is was measured (BENCHMARKS.md: torch.save of a few GB against the probe on this machine) and is
@@ -136,6 +141,32 @@ def sorted_quantile(ordered: Sequence[float], q: float) -> float:
     return ordered[min(rank, len(ordered)) - 1]
 
 
+class Delays:
+    """How late one kind of thing came: the recent ones (for the plan's margin) and the run's (for
+    people), bounded."""
+
+    def __init__(self) -> None:
+        self.recent: deque[float] = deque(maxlen=LATENESS_WINDOW)
+        self.kept: deque[float] = deque(maxlen=LATENESS_KEPT)
+        self.count = 0
+        self.max_s = 0.0
+
+    def record(self, late_s: float) -> None:
+        late = max(0.0, late_s)
+        self.recent.append(late)
+        self.kept.append(late)
+        self.count += 1
+        self.max_s = max(self.max_s, late)
+
+    @property
+    def recent_max_s(self) -> float:
+        return max(self.recent, default=0.0)
+
+    def quantile_s(self, q: float) -> float | None:
+        """The q-quantile of the run's kept delays, None before the first."""
+        return quantile(self.kept, q) if self.kept else None
+
+
 class Observations:
     """What the trainer has told the supervisor so far; updated only from arguments."""
 
@@ -154,6 +185,8 @@ class Observations:
         self.capacity = Capacity()
         self.uploads: list[float] = []  # durations of this run's completed uploads
         self.upload_started_at: float | None = None  # wall time the running upload began
+        self.timer_late = Delays()  # how late the supervisor's loop woke for its timers
+        self.report_delay = Delays()  # how long the trainer's reports took to reach the supervisor
         self._exclude_next_s = 0.0
         self.intervals.extend(self.prior.steps)
         self._sorted: list[float] | None = None  # the window sorted, until the next step
@@ -184,6 +217,13 @@ class Observations:
     @property
     def longest_save_s(self) -> float | None:
         return self._longest_save
+
+    @property
+    def lateness_s(self) -> float:
+        """What a plan adds to its margin for esiwrap's own lateness: the worst recent wake-up of
+        the loop plus the worst recent report delivery (0 where nothing was late, as in the
+        simulator)."""
+        return self.timer_late.recent_max_s + self.report_delay.recent_max_s
 
     def trainer_started(self, at: float) -> None:
         """A trainer attached: its current step began no later than now; the work it resumed from
@@ -356,6 +396,15 @@ def upload_estimate_s(obs: Observations, config: PolicyConfig) -> float:
     return measured * UPLOAD_SAFETY_FACTOR
 
 
+def upload_attempt_s(obs: Observations, config: PolicyConfig) -> float:
+    """How long one more attempt of an upload is expected to take (does a retry still fit before
+    the cut-off?): the longest upload that completed, in this run or an earlier one, else
+    `--upload-duration`. No safety factor: a retry that ends late is cut off, never worse than
+    not trying."""
+    measured = obs.longest_upload_s
+    return measured if measured is not None else config.upload_duration_s
+
+
 def upload_busy_until(obs: Observations, config: PolicyConfig) -> float | None:
     """When the running upload is expected to end (the next one starts after it), or None."""
     if obs.upload_started_at is None:
@@ -428,6 +477,7 @@ class SavePlan:
     nominal_at: float = 0.0  # deadline - (step + save + upload + reserve): the plan while steps stay usual
     why: str = ""  # one phrase for people: why this save
     upload_estimate_s: float = 0.0  # `--upload`: the checkpoint is durable once its upload ended
+    lateness_s: float = 0.0  # esiwrap's own lateness on this node (`Observations.lateness_s`)
 
 
 def plan_save(deadline: float, obs: Observations, config: PolicyConfig, kind: SaveKind) -> SavePlan:
@@ -435,7 +485,8 @@ def plan_save(deadline: float, obs: Observations, config: PolicyConfig, kind: Sa
     save = save_estimate_s(obs, config, kind, at=deadline)
     upload = upload_estimate_s(obs, config)
     reserve = config.final_margin_s if kind == "final" else config.redundant_s
-    cutoff = deadline - save - upload - reserve  # the durable end: the save, then its upload
+    late = obs.lateness_s  # the signal may go out late, the acknowledgement arrive late
+    cutoff = deadline - save - upload - reserve - late  # the durable end: the save, then its upload
     if kind == "final":
         step = final_step_estimate_s(obs, config, cutoff - (obs.checkpoint_at or cutoff))
     else:
@@ -443,7 +494,7 @@ def plan_save(deadline: float, obs: Observations, config: PolicyConfig, kind: Sa
     signal_at = latest_signal_at(cutoff, step, obs.step_started_at)
     nominal_at = cutoff - step if step is not None else signal_at
     return SavePlan(kind, signal_at, step or 0.0, save, reserve, nominal_at, _why(kind, obs, save, upload),
-                    upload)
+                    upload, late)
 
 
 def upload_waits_too_long(plan: SavePlan, deadline: float, obs: Observations, config: PolicyConfig) -> bool:
@@ -581,7 +632,8 @@ def renewal_reopens_insurance(deadline: float, obs: Observations, config: Policy
 
 def needed_s(plan: SavePlan) -> float:
     """How long before the deadline the plan needs its signal."""
-    return plan.step_estimate_s + plan.save_estimate_s + plan.upload_estimate_s + plan.reserve_s
+    return (plan.step_estimate_s + plan.save_estimate_s + plan.upload_estimate_s + plan.reserve_s
+            + plan.lateness_s)
 
 
 def moved_enough(old: float | None, new: float) -> bool:

@@ -53,6 +53,12 @@ class Snapshot:
     uploading_step: int | None = None  # an upload runs, of the checkpoint of this step
     uploads_completed: int = 0
     uploads_failed: int = 0
+    # esiwrap's own lateness on this node: how late its loop woke for a timer, how long trainer
+    # reports took to reach it (the worst and the 99th percentile of the run's recent ones)
+    timer_late_p99_s: float | None = None
+    timer_late_max_s: float | None = None
+    report_delay_p99_s: float | None = None
+    report_delay_max_s: float | None = None
 
     def to_json(self) -> str:
         """One JSON object; a float that is not finite is written as null."""
@@ -72,6 +78,11 @@ class Snapshot:
         values = {f.name: _field(f.name, str(f.type), data) for f in fields(cls)
                   if f.name in data or f.default is MISSING}
         return cls(**values)
+
+    def lateness(self) -> dict[str, dict[str, float | None]]:
+        """The lateness figures as one object (the log's `supervisor_exit`)."""
+        return {"timers": {"p99_s": self.timer_late_p99_s, "max_s": self.timer_late_max_s},
+                "reports": {"p99_s": self.report_delay_p99_s, "max_s": self.report_delay_max_s}}
 
     def remaining_s(self, now: float) -> float | None:
         """Seconds to the deadline at wall time `now` (negative once passed)."""

@@ -52,7 +52,8 @@ POLL_WITHOUT_PIDFD_S = 0.2  # only while stopping, on kernels without pidfd_open
 HAS_PIDFD = hasattr(os, "pidfd_open")
 LogNote = tuple[str, str, dict[str, Any]]  # level, event, fields
 MAX_NODES = 1 << 20  # a hello's node count beyond this is not one
-RESERVED_HELLO_KEYS = frozenset({"type", "pid", "event", "level", "timestamp", "run_id"})
+MAX_REPORT_DELAY_S = 3600.0  # a report "later" than this was stamped by another machine's clock
+RESERVED_HELLO_KEYS = frozenset({"type", "pid", "event", "level", "timestamp", "run_id", "sent_mono"})
 
 
 @dataclass(frozen=True)
@@ -139,7 +140,8 @@ class Supervisor:
             getattr(self.log, level)(event, **fields)
         snapshot = self._snapshot()
         self.log.info(ev.SUPERVISOR_EXIT, code=code, reason=reason, last_step=snapshot.last_step,
-                      checkpoint_step=snapshot.last_checkpoint_step, durable_step=snapshot.durable_step)
+                      checkpoint_step=snapshot.last_checkpoint_step, durable_step=snapshot.durable_step,
+                      lateness=snapshot.lateness())
         return code
 
     def _start_child(self) -> None:
@@ -181,9 +183,14 @@ class Supervisor:
     # ------------------------------------------------------------------ the loop
     def _loop(self) -> None:
         while True:
-            for key, _ in self._selector.select(self._next_timeout()):
+            timeout = self._next_timeout()
+            wake_at = time.monotonic() + timeout
+            for key, _ in self._selector.select(timeout):
                 key.data(key)
-            self._apply(self.controller.tick(self._now()))
+            now = self._now()
+            # how late the loop ran against the wake-up it asked for (a starved node): plan margin
+            late = now.mono - wake_at if now.mono >= wake_at else None
+            self._apply(self.controller.tick(now, late))
             self._feed_queued()
             snapshot = self._snapshot()
             self._tell_systemd(snapshot)
@@ -422,20 +429,22 @@ class Supervisor:
 
     def _on_channel(self, _: selectors.SelectorKey) -> None:
         assert self._channel is not None
+        received = time.monotonic()
         for message in self._channel.receive():
-            input_ = self._input_of(message)
+            input_ = self._input_of(message, received)
             if input_ is not None:
                 self._feed(input_)
 
-    def _input_of(self, message: Message) -> core.Input | None:
+    def _input_of(self, message: Message, received_mono: float) -> core.Input | None:
         step = message.get_int("step")
+        delay = _report_delay(message, received_mono)
         if message.type == messages.HELLO:
             return self._hello(message)
         if message.type == messages.BYE:
             self._forget_trainer(message.pid)
             return core.TrainerGone(message.pid)
         if message.type == messages.STEP:
-            return core.Step(message.pid, step, _finite(message.get_float("duration_s")))
+            return core.Step(message.pid, step, _finite(message.get_float("duration_s")), delay)
         if message.type == messages.CHECKPOINT:
             size = _positive(message.get_float("bytes"))
             return core.CheckpointSize(message.pid, size) if size is not None else None
@@ -448,7 +457,7 @@ class Supervisor:
             return core.SaveEnd(
                 message.pid, step, ok=message.get_bool("ok", True),
                 duration_s=_finite(message.get_float("duration_s")), path=message.get_str("path"),
-                error=message.get_str("error"), peer=peer,
+                error=message.get_str("error"), peer=peer, delay_s=delay,
             )
         if message.type == messages.START:  # where training starts (the verl hook, after loading)
             fields = {k: v for k, v in message.fields.items() if k not in RESERVED_HELLO_KEYS | {"step"}}
@@ -552,6 +561,16 @@ def _child_exited(pid: int, status: int) -> core.ChildExited:
         signum = os.WTERMSIG(status)
         return core.ChildExited(pid, None, signal_label(signum), signum)
     return core.ChildExited(pid, os.waitstatus_to_exitcode(status))
+
+
+def _report_delay(message: Message, received_mono: float) -> float | None:
+    """How long a report took from its sender to the loop, when the sender stamped it with this
+    machine's monotonic clock (None: not stamped, or by a clock that is not this machine's)."""
+    sent = message.get_float("sent_mono", math.nan)
+    if not math.isfinite(sent):
+        return None
+    delay = received_mono - sent
+    return max(0.0, delay) if -0.05 <= delay <= MAX_REPORT_DELAY_S else None
 
 
 def _positive(value: float) -> float | None:

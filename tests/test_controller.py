@@ -6,7 +6,7 @@ import os
 from dataclasses import replace
 
 import pytest
-from controller_driver import CHILD, Driver, exits, logs, signals
+from controller_driver import CHILD, T0, Driver, exits, logs, signals
 
 from esiwrap import controller as core
 from esiwrap.controller import ControllerConfig, Mode
@@ -391,3 +391,121 @@ def test_a_second_hello_of_one_process_adds_to_the_first(order: str) -> None:
     assert [s.pids for s in signals(d.actions)] == [(CHILD,)]
     d.save(3, 0.1)
     assert [a.signal for a in d.actions if isinstance(a, core.StopChild)] == ["SIGINT"]
+
+
+# ------------------------------------------------------------------------ exit 76 says why (issue 24)
+def missed(d: Driver) -> dict:
+    (event,) = [e for e in logs(d.actions, "save_missed") if "never_came" in e]
+    assert d.controller.stop is not None and d.controller.stop.exit_status == EXIT_SAVE_MISSED
+    assert event["never_came"][0].split(":")[0] in d.controller.stop.reason
+    return event
+
+
+def planned_signal(d: Driver, every_s: float = 1.0) -> int:
+    """Steps until the insurance save's signal goes out; the step number reached."""
+    step = 0
+    while True:
+        d.advance(every_s)
+        if logs(d.actions, "save_requested"):
+            return step
+        step += 1
+        d.feed(core.Step(CHILD, step, every_s))
+
+
+def test_a_miss_with_no_hello_says_no_trainer_attached() -> None:
+    d = Driver(ControllerConfig(stop_grace_s=3.0))
+    d.deadline(30.0)
+    d.advance(40.0)
+    event = missed(d)
+    assert event["never_came"][0].startswith("no trainer said hello")
+    assert event["last_plan"]["kind"] == "insurance" and event["signal"]["pids"] == []
+
+
+def test_a_miss_after_steps_without_a_save_says_the_trainer_never_began_it() -> None:
+    """The trainer went on reporting steps after the signal but never saved."""
+    d = Driver(ControllerConfig(policy=PolicyConfig(redundant_s=2.0, save_duration_s=1.0), stop_grace_s=3.0))
+    d.deadline(40.0)
+    d.hello()
+    step = planned_signal(d)
+    for n in range(step + 1, step + 31):
+        d.advance(1.0)
+        if exits(d.actions) or d.controller.stop is not None:
+            break
+        d.feed(core.Step(CHILD, n, 1.0))
+    event = missed(d)
+    assert event["never_came"][0].startswith("no save_begin")
+    assert event["signal"]["pids"] == [CHILD] and event["signal"]["step_reports_since"] > 1
+    assert event["signal"]["late_s"] is not None and event["late"]["last_step_report_s_ago"] is not None
+
+
+def test_a_miss_when_no_boundary_came_after_the_signal_says_the_step_ran_long() -> None:
+    d = Driver(ControllerConfig(policy=PolicyConfig(redundant_s=2.0, save_duration_s=1.0), stop_grace_s=3.0))
+    d.deadline(40.0)
+    d.hello()
+    planned_signal(d)
+    d.advance(30.0)
+    event = missed(d)
+    assert event["never_came"][0].startswith("no step boundary came after the save signal")
+    assert event["signal"]["step_reports_since"] == 0
+
+
+def test_a_miss_with_a_save_begun_and_never_ended_says_so_and_names_a_failed_save() -> None:
+    d = Driver(ControllerConfig(policy=PolicyConfig(redundant_s=2.0, save_duration_s=1.0), stop_grace_s=3.0))
+    d.deadline(40.0)
+    d.hello()
+    step = planned_signal(d)
+    d.feed(core.SaveBegin(CHILD, step + 1))
+    d.feed(core.SaveEnd(CHILD, step + 1, ok=False, error="OSError: No space left on device"))
+    d.feed(core.SaveBegin(CHILD, step + 2))
+    d.advance(30.0)
+    event = missed(d)
+    assert event["never_came"][0].startswith("save_begin came")
+    assert any("No space left on device" in why for why in event["never_came"][1:])
+
+
+def test_nobody_to_save_logs_why_before_the_graceful_stop() -> None:
+    """The stop --stop-grace before the deadline with nobody attached is an exit 76 too: it says so."""
+    d = Driver(ControllerConfig(stop_grace_s=10.0))
+    d.deadline(300.0)
+    d.advance(295.0)
+    event = missed(d)
+    assert event["level"] == "warning" and event["never_came"][0].startswith("no trainer said hello")
+
+
+# ------------------------------------------------------------------------ its own lateness (issue 24)
+def planned_moment(late_s: float | None, delay_s: float | None) -> tuple[float, float]:
+    """The insurance save's planned moment (seconds from the start) and its lateness margin, after
+    ten 1 s steps whose reports took `delay_s` and wake-ups `late_s` late."""
+    d = Driver(ControllerConfig(policy=PolicyConfig(redundant_s=10.0, save_duration_s=1.0,
+                                                    interruption_rate_per_day=0.0)))
+    d.deadline(100.0)
+    d.hello()
+    for step in range(1, 11):
+        d.wall += 1.0
+        d.mono += 1.0
+        d.actions += d.controller.tick(d.now, late_s)
+        d.feed(core.Step(CHILD, step, 1.0, delay_s))
+    plan = d.controller.plan
+    assert plan is not None
+    return plan.nominal_at - T0, plan.lateness_s
+
+
+def test_the_plan_keeps_the_worst_recent_lateness_as_margin() -> None:
+    """Wake-ups 0.4 s late and reports 0.25 s late move the save 0.65 s earlier; none, not at all."""
+    quiet, quiet_margin = planned_moment(None, None)
+    busy, margin = planned_moment(0.4, 0.25)
+    assert quiet_margin == 0.0 and margin == pytest.approx(0.65)
+    assert quiet - busy == pytest.approx(0.65)
+
+
+def test_lateness_is_logged_with_each_report_and_in_the_snapshot() -> None:
+    d = Driver(ControllerConfig())
+    d.hello()
+    d.actions += d.controller.tick(d.now, 0.02)
+    d.feed(core.Step(CHILD, 1, 1.0, 0.003))
+    (observed,) = logs(d.actions, "step_observed")
+    assert observed["delivery_s"] == 0.003
+    snapshot = d.controller.snapshot(d.now, "run", 1)
+    assert snapshot.report_delay_max_s == 0.003 and snapshot.timer_late_max_s == 0.02
+    assert snapshot.lateness() == {"timers": {"p99_s": 0.02, "max_s": 0.02},
+                                   "reports": {"p99_s": 0.003, "max_s": 0.003}}

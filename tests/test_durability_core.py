@@ -205,3 +205,130 @@ def test_filesystem_classification(path: str, device: str, kind: str, fstype: st
 def test_unknown_filesystems_are_not_called_local() -> None:
     assert classify("fuseblk", "/dev/sdb1") == "local" and classify("virtiofs", "tag") == "unknown"
     assert classify("weird", "/dev/sdc") == "local" and classify("fuse.sshfs") == "network"
+
+
+# ---------------------------------------------------------------------------------- retries (issue 24)
+def failed_upload(d: Driver, pid: int, code: int = 1) -> None:
+    d.feed(core.UploadExited(pid, code, stderr=("SlowDown: reduce your request rate",)))
+
+
+def attempts(d: Driver) -> list[int]:
+    return [a.attempt for a in d.actions if isinstance(a, core.StartUpload)]
+
+
+def roomy() -> Driver:
+    """Uploads with a minute of room after the insurance save (--redundant-time 60), no final save."""
+    return Driver(replace(UPLOADS, policy=replace(UPLOADS.policy, final_save=False, redundant_s=60.0)))
+
+
+def stop_after_a_failed_upload(d: Driver) -> None:
+    """The insurance checkpoint's first upload fails while the trainer runs: no further save is
+    planned, so the child is stopped; its tree is then gone."""
+    started_upload(d)
+    failed_upload(d, UPLOADER)
+    assert any(isinstance(a, core.StopChild) for a in d.actions)
+    d.feed(core.ChildExited(CHILD, None, "SIGTERM", 15))
+    d.feed(core.TreeChecked(0))
+    assert d.controller.mode is Mode.UPLOADING and not exits(d.actions)
+
+
+def test_an_upload_that_fails_twice_at_the_stop_then_works_exits_75() -> None:
+    """A throttled bucket: the first attempt fails while the trainer runs, two more fail once the
+    child has stopped (after 5 s, then 30 s of backoff), the fourth completes: exit 75 before the
+    deadline, and each retry's plan is logged."""
+    d = roomy()
+    insured(d, 180)
+    stop_after_a_failed_upload(d)
+    for n, wait in ((2, 5.0), (3, 30.0)):
+        d.advance(wait)
+        started_upload(d, UPLOADER + n)
+        failed_upload(d, UPLOADER + n)
+        assert not exits(d.actions)
+    d.advance(logs(d.actions, "upload_retry_planned")[-1]["in_s"])
+    started_upload(d, UPLOADER + 4)
+    d.advance(1.0)
+    d.feed(core.UploadExited(UPLOADER + 4, 0))
+    assert attempts(d) == [1, 2, 3, 4]
+    planned = logs(d.actions, "upload_retry_planned")
+    # planned while the trainer ran, again at the stop (now against the cut-off), then after each failure
+    assert [(p["attempt"], p["in_s"], p["reason"]) for p in planned[:3]] == [
+        (2, 5.0, "backoff"), (2, 5.0, "backoff"), (3, 30.0, "backoff")]
+    assert "cutoff_in_s" not in planned[0] and all("cutoff_in_s" in p for p in planned[1:])
+    assert planned[3]["attempt"] == 4 and planned[3]["reason"].startswith("the latest start")
+    assert all(p["expected_s"] == 5.0 for p in planned)  # --upload-duration: no upload completed yet
+    (exit_,) = exits(d.actions)
+    assert exit_.code == EXIT_CHECKPOINTED
+    assert d.wall < d.controller.deadline.at - 3  # type: ignore[union-attr]
+
+
+def test_a_retry_at_the_stop_starts_no_later_than_an_attempt_can_still_end_before_the_cut_off() -> None:
+    """The backoff (30 s after the second attempt) is longer than the time left: the third attempt
+    starts at the cut-off (3 s before the deadline) minus the expected upload (--upload-duration,
+    5 s), not after it; it completes and esiwrap exits 75."""
+    d = Driver(replace(UPLOADS, policy=replace(UPLOADS.policy, final_save=False, redundant_s=20.0)))
+    insured(d, 100)
+    stop_after_a_failed_upload(d)
+    deadline = d.controller.deadline.at  # type: ignore[union-attr]
+    d.advance(5.0)
+    started_upload(d, UPLOADER + 2)
+    failed_upload(d, UPLOADER + 2)
+    capped = logs(d.actions, "upload_retry_planned")[-1]
+    assert capped["attempt"] == 3 and capped["reason"].startswith("the latest start")
+    assert capped["in_s"] < 30.0 and capped["expected_s"] == 5.0
+    d.advance(capped["in_s"])
+    assert started_upload(d, UPLOADER + 3).attempt == 3
+    assert d.wall == pytest.approx(deadline - 3.0 - 5.0)
+    d.advance(4.0)
+    d.feed(core.UploadExited(UPLOADER + 3, 0))
+    assert exits(d.actions)[0].code == EXIT_CHECKPOINTED
+
+
+def test_when_no_attempt_fits_before_the_cut_off_esiwrap_gives_up_and_exits_74() -> None:
+    """Ten seconds from the stop to the deadline and a 5 s upload expected: one retry fits, at the
+    latest start; once it fails none does (`upload_given_up`), exit 74 with time left."""
+    d = Driver(replace(UPLOADS, policy=replace(UPLOADS.policy, final_save=False)))
+    insured(d, 60)
+    stop_after_a_failed_upload(d)
+    planned = logs(d.actions, "upload_retry_planned")[-1]  # at the stop
+    assert planned["attempt"] == 2 and planned["in_s"] <= 5.0
+    d.advance(planned["in_s"])
+    started_upload(d, UPLOADER + 1)
+    d.advance(1.0)  # the attempt takes a second to fail: the next one would end past the cut-off
+    failed_upload(d, UPLOADER + 1)
+    (given_up,) = logs(d.actions, "upload_given_up")
+    assert given_up["attempts"] == 2 and given_up["expected_s"] == 5.0
+    (exit_,) = exits(d.actions)
+    assert exit_.code == EXIT_NOT_UPLOADED and "upload did not finish" in exit_.reason
+    assert d.wall < d.controller.deadline.at - 3  # type: ignore[union-attr]
+
+
+def test_a_failed_upload_is_retried_past_three_attempts_until_a_newer_checkpoint_replaces_it() -> None:
+    """While the trainer runs: 5 s, 30 s, then 60 s, 120 s ... for as long as no newer checkpoint
+    exists; a newer one takes the retry's place."""
+    d = Driver(UPLOADS)
+    d.hello()
+    d.feed(core.SaveBegin(CHILD, 10))
+    d.feed(core.SaveEnd(CHILD, 10, duration_s=0.1, path="/c/10"))
+    started_upload(d)
+    for n, wait in enumerate((5.0, 30.0, 60.0, 120.0), start=1):
+        failed_upload(d, UPLOADER + n - 1)
+        assert logs(d.actions, "upload_retry_planned")[-1]["in_s"] == wait
+        d.advance(wait)
+        assert started_upload(d, UPLOADER + n).attempt == n + 1
+    failed_upload(d, UPLOADER + 4)
+    d.advance(10.0)
+    d.feed(core.SaveBegin(CHILD, 20))
+    d.feed(core.SaveEnd(CHILD, 20, duration_s=0.1, path="/c/20"))
+    newer = started_upload(d, UPLOADER + 5)
+    assert (newer.step, newer.attempt) == (20, 1)
+    d.advance(300.0)
+    assert [a.step for a in d.actions if isinstance(a, core.StartUpload)][-1] == 20  # no old retry
+
+
+def test_a_second_ctrl_c_ends_the_wait_for_a_retry_at_once() -> None:
+    d = roomy()
+    insured(d, 120)
+    stop_after_a_failed_upload(d)
+    d.feed(core.SignalReceived("SIGINT"))
+    d.feed(core.SignalReceived("SIGINT"))
+    assert exits(d.actions)[0].code == EXIT_NOT_UPLOADED

@@ -1,0 +1,45 @@
+"""A real run's own lateness and the reason of an exit 76 (issue 24), with a real trainer process.
+
+The trainer library stamps every message with its monotonic clock; esiwrap logs how late each
+step report came (`step_observed.delivery_s`), how late its timers woke (`supervisor_exit`'s
+`lateness`), and, when no checkpoint came, why (`save_missed.never_came`).
+"""
+
+from __future__ import annotations
+
+import sys
+
+from esiwrap_harness import EsiwrapRun
+
+from esiwrap.errors import EXIT_SAVE_MISSED
+
+STEPS_WITHOUT_SAVING = """\
+import time
+import esiwrap.trainer as esi
+esi.install()
+for step in range(1, 10_000):
+    time.sleep(0.2)
+    esi.step_done(step)  # never looks at esi.save_requested()
+"""
+
+
+def test_an_exit_76_names_what_never_came_and_the_runs_lateness(esiwrap) -> None:
+    """A trainer that reports steps and never saves: exit 76, and the log says the signal went out
+    and the trainer stepped on without a save_begin; the report delays are measured."""
+    run: EsiwrapRun = esiwrap("--deadline", "+8s", "--redundant-time", "3", "--save-duration", "0.5",
+                              "--stop-grace", "2", "--log-level", "debug", "--",
+                              sys.executable, "-c", STEPS_WITHOUT_SAVING)
+    assert run.finish(60) == EXIT_SAVE_MISSED
+    (missed,) = [e for e in run.events if e["event"] == "save_missed"]
+    assert missed["never_came"][0].startswith("no save_begin: the trainer reported")
+    assert missed["signal"]["pids"] and missed["signal"]["step_reports_since"] >= 1
+    assert missed["last_plan"]["kind"] == "insurance"
+    exit_ = run.first("supervisor_exit")
+    assert "no save_begin" in exit_["reason"]
+    delays = [e["delivery_s"] for e in run.events if e["event"] == "step_observed"]
+    assert delays and all(0 <= d < 60 for d in delays)
+    reports = exit_["lateness"]["reports"]
+    assert reports["max_s"] == max(delays) or abs(reports["max_s"] - max(delays)) < 1e-3
+    assert exit_["lateness"]["timers"]["max_s"] is not None
+    requested = run.first("save_requested")
+    assert "late_s" in requested and requested["late_s"] >= 0
