@@ -6,6 +6,7 @@ import shlex
 import subprocess
 from pathlib import Path
 
+import pytest
 import torch
 from esiwrap_harness import PYTHON, ROOT, TINY_TRAINER
 
@@ -67,6 +68,7 @@ def demo_command() -> list[str]:
     return shlex.split(line)[1:]
 
 
+@pytest.mark.timeout(480)  # two runs to their deadline, each importing torch (slow on a busy node)
 def test_the_demo_twice_shows_the_resume_verified(esiwrap, tmp_path: Path) -> None:
     """scripts/demo.sh's own command, run twice (a shorter deadline given the way the script
     passes extra options): the second run loads the state file the first wrote next to the
@@ -79,14 +81,14 @@ def test_the_demo_twice_shows_the_resume_verified(esiwrap, tmp_path: Path) -> No
     split = words.index("--")
     command = [PYTHON if w == ".venv/bin/python" else str(TINY_TRAINER) if w.endswith("tiny_trainer.py")
                else w for w in words[split + 1:]]
-    given = ["--log-format", "json", "--deadline", "+30s", "--redundant-time", "8"]
+    given = ["--log-format", "json", "--deadline", "+45s", "--redundant-time", "10"]
     args = [*words[:extra], *given, *words[extra + 1:split], "--", *command]
     first = esiwrap(*args, cwd=tmp_path)
-    assert first.finish(timeout=90) == EXIT_CHECKPOINTED
+    assert first.finish(timeout=150) == EXIT_CHECKPOINTED, first.names()
     checkpoint = first.first("supervisor_exit")["checkpoint_step"]
     assert first.first("state_loaded").get("note")  # no state file yet: the job's first run
     second = esiwrap(*args, cwd=tmp_path)
-    assert second.finish(timeout=90) == EXIT_CHECKPOINTED
+    assert second.finish(timeout=150) == EXIT_CHECKPOINTED, second.names()
     assert second.first("state_loaded")["checkpoint_step"] == checkpoint
     resumed = second.first("resumed")
     assert resumed["start_step"] == resumed["checkpoint_step"] == checkpoint and resumed["steps_redone"] == 0

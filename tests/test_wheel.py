@@ -194,15 +194,16 @@ def test_a_supervised_trainer_runs_from_the_installed_wheel(built: Built, tmp_pa
     the venv, not the development tree's."""
     script, checkpoint = tmp_path / "trainer.py", tmp_path / "checkpoint.txt"
     script.write_text(textwrap.dedent(TRAINER))
-    run = EsiwrapRun(["--deadline", "+25s", "--redundant-time", "5", "--save-duration", "1",
-                      "--final-margin", "2", "--log-format", "json", "--",
+    run = EsiwrapRun(["--deadline", "+40s", "--redundant-time", "10", "--save-duration", "1",
+                      "--final-margin", "3", "--log-format", "json", "--",
                       str(built.bin / "python"), str(script), str(checkpoint)],
                      env=clean_env(built), cwd=tmp_path, launcher=[str(built.bin / "esiwrap")])
     try:
         code = run.finish(timeout=120)
     finally:
         run.kill()
-    assert code == EXIT_CHECKPOINTED, (run.names(), run.other_lines[-10:])
+    missed = [e for e in run.events if e["event"] == "save_missed"]
+    assert code == EXIT_CHECKPOINTED, (run.names(), missed, run.other_lines[-10:])
     attached = run.first("trainer_attached")
     assert attached["integration"] == "plain" and attached["saves"] is True
     completed = [e for e in run.events if e["event"] == "save_completed"]
