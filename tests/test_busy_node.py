@@ -52,17 +52,17 @@ def test_a_disk_too_busy_to_write_a_small_file_never_holds_up_the_save(esiwrap, 
     state file is there afterwards. A loop that wrote them itself stood still for seconds at every
     change of its status."""
     import slowfs
-    from esiwrap_harness import TINY_TRAINER, event_time
+    from esiwrap_harness import CHILDREN, event_time
 
     from esiwrap.errors import EXIT_CHECKPOINTED
 
-    ckpt = tmp_path_factory.mktemp("ckpt")
+    # a trainer that starts in milliseconds (no torch import): what is timed is esiwrap's loop
+    trainer = [sys.executable, str(CHILDREN / "sleep_trainer.py"), "0.2", "0.1"]
     with slowfs.mounted(tmp_path_factory.mktemp("busy"), 50e6, latency_s=2.0) as busy:
         run: EsiwrapRun = esiwrap(
             "--deadline", "+25s", "--redundant-time", "4", "--save-duration", "0.5", "--final-margin", "1",
             "--stop-grace", "3", "--status-file", str(busy / "status.json"),
-            "--state-file", str(busy / "state.json"), "--",
-            sys.executable, str(TINY_TRAINER), "--ckpt-dir", str(ckpt), "--step-seconds", "0.2")
+            "--state-file", str(busy / "state.json"), "--", *trainer)
         code = run.finish(90)
         story = [(e["event"], e.get("kind"), e.get("reason")) for e in run.events]
         assert code == EXIT_CHECKPOINTED, story
