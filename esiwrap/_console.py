@@ -52,6 +52,9 @@ def _exit_code(code: object) -> int:
 def _flush() -> None:
     import contextlib
 
+    from esiwrap import log
+
+    log.flush()  # the supervisor's lines still queued for a slow reader, bounded
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):  # a closed pipe (`esiwrap report | head`)
             stream.flush()

@@ -128,7 +128,8 @@ def run(argv: Sequence[str], environ: Mapping[str, str]) -> int:
         check_log_file(log_file, log_label)
     run_id = log.new_run_id()
     try:
-        log.configure(run_id, level=values["log_level"], fmt=values["log_format"], log_file=log_file)
+        log.configure(run_id, level=values["log_level"], fmt=values["log_format"], log_file=log_file,
+                      background=True)
     except OSError as exc:  # what the check above could not foresee (a full disk, a race)
         fail(f"{log_label} {log_file!r}: cannot open it ({exc.strerror or exc}); choose a writable file")
     config = supervisor_config(command, values, run_id)

@@ -10,6 +10,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from esiwrap.writer import Done, FileWriter
 
 
 def write_atomic(path: str, text: str, mode: int = 0o644, durable: bool = True) -> None:
@@ -34,25 +38,53 @@ def write_atomic(path: str, text: str, mode: int = 0o644, durable: bool = True) 
 
 
 class MirroredFile:
-    """One file kept equal to the latest text it was given."""
+    """One file kept equal to the latest text it was given: written here, or, with a `writer`,
+    by the writer's thread (the caller never waits on the disk; `done` hears how it went)."""
 
-    def __init__(self, path: str, mode: int = 0o644, durable: bool = True) -> None:
+    def __init__(self, path: str, mode: int = 0o644, durable: bool = True,
+                 writer: FileWriter | None = None, done: Done | None = None) -> None:
         self.path = path
         self.mode = mode
         self.durable = durable
+        self._writer = writer
+        self._done = done
         self._written: str | None = None
 
     def write(self, text: str) -> bool:
-        """Write when the text changed; True when the file was written (OSError on failure)."""
+        """Write when the text changed; True when the file was written or queued. How it went,
+        failures included, goes to `done` (without one, a failure here raises OSError)."""
         if text == self._written:
             return False
-        write_atomic(self.path, text, self.mode, self.durable)
         self._written = text
+        if self._writer is not None:
+            self._writer.replace(self.path, text, self._write_now, done=self._written_by)
+            return True
+        try:
+            write_atomic(self.path, text, self.mode, self.durable)
+        except OSError as exc:
+            self._written_by(self.path, exc)
+            if self._done is None:
+                raise
+            return True
+        self._written_by(self.path, None)
         return True
+
+    def _write_now(self, path: str, text: str) -> None:
+        write_atomic(path, text, self.mode, self.durable)
+
+    def _written_by(self, path: str, error: OSError | None) -> None:
+        """The writer's thread wrote the file, or could not (then the next text is tried again)."""
+        if error is not None:
+            self._written = None
+        if self._done is not None:
+            self._done(path, error)
 
     def remove(self) -> None:
         """Take the file away (esiwrap is leaving: what it said is no longer true)."""
         if self._written is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(self.path)
+            if self._writer is not None:
+                self._writer.remove(self.path)
+            else:
+                with contextlib.suppress(OSError):
+                    os.unlink(self.path)
             self._written = None

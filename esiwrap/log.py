@@ -3,6 +3,13 @@
 Every line has `timestamp` (UTC ISO-8601, milliseconds), `level`, `event` and `run_id`.
 `--log-file` adds a JSON-lines copy in a file, whatever the console format.
 
+The supervisor's log is written by a thread of its own (`configure(background=True)`): a journal
+whose daemon is busy, a pipe whose reader is slow or a log file on a disk that a checkpoint keeps
+busy can each block a write for seconds, and the loop must not wait for them. Lines keep their
+order and their timestamps (taken when the event happened); `flush()` waits, bounded, for the
+ones queued (the `esiwrap` executable calls it before it exits). Beyond MAX_QUEUED lines waiting,
+new ones are counted and dropped, and a line says how many once the writes flow again.
+
 Under systemd, when `$JOURNAL_STREAM` names stderr's own device and inode, stderr is the journal:
 lines stay JSON whatever `--log-format` says (one object per line, exceptions as a field, no
 colours), each behind a `<N>` syslog priority prefix that journald strips and turns into the
@@ -17,10 +24,13 @@ helper, shaped like `structlog.testing.capture_logs`.
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import sys
+import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import IO, Any
@@ -31,6 +41,8 @@ from esiwrap.deadline.value import iso_utc
 SEVERITY = {"debug": 10, "info": 20, "warning": 30, "error": 40, "critical": 50}
 SYSLOG_PRIORITY = {"debug": 7, "info": 6, "warning": 4, "error": 3, "critical": 2}
 _FIRST_KEYS = ("timestamp", "level", "event", "run_id")
+MAX_QUEUED = 100_000  # lines waiting for a blocked console or log file (a few tens of MB at most)
+EXIT_FLUSH_S = 5.0  # how long leaving waits for the lines still queued
 
 Entry = dict[str, Any]
 
@@ -52,16 +64,68 @@ def _exception_text(exc_info: Any) -> str:
     return "".join(traceback.format_exception(*exc_info)).rstrip("\n")
 
 
+class _Lines:
+    """The console's and the log file's lines, written in order by a thread of their own."""
+
+    def __init__(self, console: IO[str], file: IO[str] | None) -> None:
+        self.console = console
+        self.file = file
+        self._cond = threading.Condition()
+        self._queue: deque[tuple[str | None, str | None]] = deque()  # (console text, file line)
+        self._busy = False
+        self._dropped = 0
+        threading.Thread(target=self._run, name="esiwrap-log", daemon=True).start()
+
+    def put(self, console_text: str | None, file_line: str | None) -> None:
+        with self._cond:
+            if len(self._queue) >= MAX_QUEUED:
+                self._dropped += 1
+                return
+            self._queue.append((console_text, file_line))
+            self._cond.notify()
+
+    def flush(self, timeout_s: float) -> bool:
+        end = time.monotonic() + timeout_s
+        with self._cond:
+            while self._queue or self._busy:
+                left = end - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(left)
+        return True
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue:
+                    self._cond.wait()
+                batch, self._queue = self._queue, deque()
+                dropped, self._dropped = self._dropped, 0
+                self._busy = True
+            for console_text, file_line in batch:
+                if console_text is not None:
+                    _write(self.console, console_text)
+                if file_line is not None and self.file is not None:
+                    _write(self.file, file_line)
+            if dropped:
+                _write(self.console, f"esiwrap: {dropped} log lines dropped: the log was not read")
+            with self._cond:
+                self._busy = False
+                self._cond.notify_all()
+
+
 class _Sink:
-    """Where events go: the console (JSON, readable text, or the journal) and an optional file."""
+    """Where events go: the console (JSON, readable text, or the journal) and an optional file;
+    with `background`, written by a thread of their own (`_Lines`)."""
 
     def __init__(self, run_id: str | None, level: str, console: IO[str], file: IO[str] | None,
-                 fmt: LogFormat, journal: bool) -> None:
+                 fmt: LogFormat, journal: bool, background: bool = False) -> None:
         self.run_id = run_id
         self.threshold = SEVERITY.get(level, SEVERITY["info"])
         self.console = console
         self.file = file
         self.journal = journal
+        self.lines = _Lines(console, file) if background else None
         self._text: Callable[..., Any] | None = None
         if fmt == "console" and not journal:
             from structlog.dev import ConsoleRenderer  # pulls rich when installed: only here
@@ -85,9 +149,19 @@ class _Sink:
             text = str(self._text(None, level, dict(entry)))
         else:
             text = line
+        if self.lines is not None:
+            self.lines.put(text, line)
+            return
         _write(self.console, text)
         if self.file is not None:
             _write(self.file, line)
+
+    def passthrough(self, text: str) -> None:
+        """A line of another program's output (the upload command's stderr) to the console."""
+        if self.lines is not None:
+            self.lines.put(text, None)
+        else:
+            _write(self.console, text)
 
 
 class _Capture:
@@ -95,9 +169,13 @@ class _Capture:
 
     def __init__(self) -> None:
         self.entries: list[Entry] = []
+        self.lines = None
 
     def emit(self, level: str, event: str, fields: dict[str, Any]) -> None:
         self.entries.append({"event": event, **fields, "log_level": level})
+
+    def passthrough(self, text: str) -> None:
+        pass
 
 
 _sink: _Sink | _Capture | None = None  # None: not configured yet (JSON lines on stderr, info)
@@ -141,6 +219,17 @@ def get_logger() -> Logger:
     return _LOGGER
 
 
+def passthrough(text: str) -> None:
+    """Pass a line of another program's output on to the console, in order with the log."""
+    _current().passthrough(text)
+
+
+def flush(timeout_s: float = EXIT_FLUSH_S) -> bool:
+    """Wait (at most `timeout_s`) until the lines queued by a background sink are written."""
+    lines = _current().lines
+    return True if lines is None else lines.flush(timeout_s)
+
+
 def _write(stream: IO[str], text: str) -> None:
     try:
         stream.write(text + "\n")
@@ -168,7 +257,10 @@ def configure(
     log_file: str | None = None,
     stream: IO[str] | None = None,
     environ: Mapping[str, str] | None = None,
+    background: bool = False,
 ) -> None:
+    """Where the log goes from now on; `background`: written by a thread of its own (the
+    supervisor: see the module docstring)."""
     global _sink
     console_stream = stream if stream is not None else sys.stderr
     journal = is_journal(console_stream, os.environ if environ is None else environ)
@@ -177,7 +269,9 @@ def configure(
     elif fmt is None:
         fmt = "console" if console_stream.isatty() else "json"
     file = open(log_file, "a", encoding="utf-8", buffering=1) if log_file else None  # noqa: SIM115
-    _sink = _Sink(run_id, level, console_stream, file, fmt, journal)
+    _sink = _Sink(run_id, level, console_stream, file, fmt, journal, background)
+    if background:
+        atexit.register(flush)  # `python -m esiwrap`; the executable flushes before os._exit
 
 
 def reset() -> None:

@@ -31,6 +31,7 @@ from esiwrap.snapshot import Snapshot
 
 if TYPE_CHECKING:  # the endpoint and the metrics text are imported only when asked for
     from esiwrap.endpoint import HttpEndpoint, Page
+    from esiwrap.writer import FileWriter
 
 MIN_INTERVAL_S = 1.0
 # What changes with every step: rewritten at most every MIN_INTERVAL_S.
@@ -47,13 +48,18 @@ class ObserveSettings:
 
 
 class Observer:
-    def __init__(self, selector: selectors.BaseSelector, settings: ObserveSettings) -> None:
+    def __init__(self, selector: selectors.BaseSelector, settings: ObserveSettings,
+                 writer: FileWriter | None = None) -> None:
+        """`writer`: the thread that writes the files (the supervisor's: its loop never waits on a
+        disk); without one they are written here."""
         self.settings = settings
         self.log = get_logger()
         # The status file lives as long as this process and is read by processes on this machine:
         # renamed into place, it needs no fsync (which costs milliseconds on a disk-backed /run).
-        self._status = MirroredFile(settings.status_file, durable=False) if settings.status_file else None
-        self._metrics = MirroredFile(settings.metrics_file) if settings.metrics_file else None
+        self._status = MirroredFile(settings.status_file, durable=False, writer=writer,
+                                    done=self._file_written) if settings.status_file else None
+        self._metrics = MirroredFile(settings.metrics_file, writer=writer,
+                                     done=self._file_written) if settings.metrics_file else None
         self._latest: Snapshot | None = None
         self._written: Snapshot | None = None
         self._written_mono = float("-inf")
@@ -110,22 +116,22 @@ class Observer:
             return
         self._written, self._written_mono, self._due_mono = snapshot, mono, None
         if self._status is not None:
-            self._write(self._status, snapshot.to_json() + "\n")
+            self._status.write(snapshot.to_json() + "\n")  # how it went reaches `_file_written`
         if self._metrics is not None:
             from esiwrap.metrics import render
 
-            self._write(self._metrics, render(snapshot, snapshot.time, __version__))
+            self._metrics.write(render(snapshot, snapshot.time, __version__))
 
-    def _write(self, mirrored: MirroredFile, text: str) -> None:
-        try:
-            mirrored.write(text)
-        except OSError as exc:
-            error = f"{type(exc).__name__}: {exc.strerror or exc}"
-            if self._failed.get(mirrored.path) != error:
-                self._failed[mirrored.path] = error
-                self.log.warning(ev.OBSERVE_WRITE_FAILED, path=mirrored.path, error=error)
-        else:
-            self._failed.pop(mirrored.path, None)
+    def _file_written(self, path: str, error: OSError | None) -> None:
+        """A file was written (here, or by the writer's thread), or could not be: logged once per
+        path and error."""
+        if error is None:
+            self._failed.pop(path, None)
+            return
+        text = f"{type(error).__name__}: {error.strerror or error}"
+        if self._failed.get(path) != text:
+            self._failed[path] = text
+            self.log.warning(ev.OBSERVE_WRITE_FAILED, path=path, error=text)
 
     def _page(self, path: str) -> Page | None:
         from esiwrap.endpoint import Page

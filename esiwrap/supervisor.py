@@ -7,7 +7,9 @@ Python: `signal.set_wakeup_fd` writes the signal number to the wakeup pipe, whic
 set up first thing at start (signals that came while esiwrap loaded wait there). Everything that
 happens becomes an input for the controller, with the time; the controller's actions (signal
 these PIDs, stop the child, log, keep the job's state, check the tree, start or stop an upload,
-look at the checkpoint's filesystem, exit) are carried out here. The `--upload` helper is the
+look at the checkpoint's filesystem, exit) are carried out here. The loop never waits on a disk
+or a log reader: the state, status and metrics files are written by a thread of their own
+(`esiwrap.writer`), and so are the log's lines (`esiwrap.log`). The `--upload` helper is the
 shell's own child, reaped in the loop like the rest; what holds a checkpoint is looked at on a
 thread (a stat can hang on a dead mount).
 Nothing here decides, and nothing here reads the controller's state but its `snapshot` (for the
@@ -46,9 +48,11 @@ from esiwrap.snapshot import Snapshot
 from esiwrap.storage import StorageProber
 from esiwrap.tree import ProcessTree
 from esiwrap.watcher import DeadlineWatcher
+from esiwrap.writer import FileWriter
 
 MAX_WAIT_S = 60.0  # re-read the wall clock at least this often: it can jump
 POLL_WITHOUT_PIDFD_S = 0.2  # only while stopping, on kernels without pidfd_open
+FILES_AT_EXIT_S = 10.0  # leaving waits this long at most for the last state and status writes
 HAS_PIDFD = hasattr(os, "pidfd_open")
 LogNote = tuple[str, str, dict[str, Any]]  # level, event, fields
 MAX_NODES = 1 << 20  # a hello's node count beyond this is not one
@@ -109,7 +113,8 @@ class Supervisor:
         self._watcher = DeadlineWatcher([s for s in sources if s.period_s is not None], self._wake_w)
         self._prober = StorageProber(self._poke)  # the checkpoint storage's speed, off the loop
         self._systemd = systemd.Notifier.from_environ(self._environ)
-        self._observer = Observer(self._selector, observe or ObserveSettings())  # metrics, status file
+        self._files = FileWriter()  # the state, status and metrics files, off the loop
+        self._observer = Observer(self._selector, observe or ObserveSettings(), self._files)
 
     # ------------------------------------------------------------------ lifecycle
     def run(self) -> int:
@@ -169,6 +174,7 @@ class Supervisor:
         self._watcher.stop()
         self._prober.stop()
         self._apply(self.controller.finish(self._now()))  # the job's state, kept once more
+        self._files.close(FILES_AT_EXIT_S)
         for pid in list(self._trainer_fds):
             self._forget_trainer(pid)
         self._tree.close()
@@ -240,18 +246,22 @@ class Supervisor:
 
     # ------------------------------------------------------------------ the job's state file
     def _keep_state(self, kept: core.KeepState) -> None:
-        """Write what this run measured to --state-file (the controller says when)."""
+        """Have what this run measured written to --state-file (the controller says when), by the
+        files' thread: the newest state wins, the loop does not wait for the disk."""
         path = self.config.state_file
         if path is None or self._state_failed:
             return
         base = self._job_state or state.JobState()
         after = base.after_run(kept.steps, kept.saves, kept.blocking, self._clock(), self.config.argv,
                                uploads=kept.uploads, checkpoint=kept.checkpoint, uploaded=kept.uploaded)
-        try:
-            state.write_atomic(path, state.render(after))
-        except OSError as exc:
-            self._state_failed = True  # once: a full disk must not flood the log or stop training
-            self.log.warning(ev.STATE_NOT_SAVED, path=path, error=f"{exc.strerror or exc}")
+        self._files.replace(path, state.render(after), state.write_atomic, done=self._state_written)
+
+    def _state_written(self, path: str, error: OSError | None) -> None:
+        """From the files' thread: a state write that failed is one warning, then no more tries
+        (a full disk must not flood the log or stop training)."""
+        if error is not None and not self._state_failed:
+            self._state_failed = True
+            self.log.warning(ev.STATE_NOT_SAVED, path=path, error=f"{error.strerror or error}")
 
     # ------------------------------------------------------------------ carrying out actions
     def _apply(self, actions: Sequence[core.Action]) -> None:

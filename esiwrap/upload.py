@@ -5,7 +5,8 @@ so a path with spaces or quotes is one word) and `ESIWRAP_CHECKPOINT_PATH` /
 `ESIWRAP_CHECKPOINT_STEP` in its environment. It runs in a session and process group of its own
 (a cut-off reaches everything it started), with no input; its standard output goes to esiwrap's
 stderr, and its stderr through a pipe that the supervisor's loop reads: each line is passed on to
-esiwrap's stderr whole, and the last ones are kept for `upload_failed`. The supervisor reaps it
+esiwrap's stderr whole, in order with esiwrap's own log lines (`esiwrap.log.passthrough`), and
+the last ones are kept for `upload_failed`. The supervisor reaps it
 like any child (waitpid in the loop). Nothing here decides: the controller says when to start one
 and when to cut it off.
 """
@@ -20,6 +21,7 @@ import shlex
 import subprocess
 from collections.abc import Mapping
 
+from esiwrap import log
 from esiwrap.envvars import CHECKPOINT_PATH_ENV, CHECKPOINT_STEP_ENV
 
 SHELL = "/bin/sh"
@@ -40,10 +42,9 @@ def needs_path(template: str) -> bool:
 class UploadProcess:
     """One running upload: its pid (also its process group) and its stderr pipe."""
 
-    def __init__(self, proc: subprocess.Popen[bytes], out_fd: int) -> None:
+    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
         self.pid = proc.pid
         self._proc = proc
-        self._out_fd = out_fd
         assert proc.stderr is not None
         self.stderr_fd: int | None = proc.stderr.fileno()
         os.set_blocking(self.stderr_fd, False)
@@ -60,7 +61,7 @@ class UploadProcess:
             stderr=subprocess.PIPE, env=env, start_new_session=True, close_fds=True,
         )
         proc.returncode = 0  # esiwrap reaps with waitpid(-1); keep Popen from reaping or warning
-        return cls(proc, out_fd)
+        return cls(proc)
 
     def read_stderr(self) -> bool:
         """Pass on what the pipe holds now; False once it is closed (end of file)."""
@@ -88,15 +89,11 @@ class UploadProcess:
             lines.append(self._partial[:MAX_LINE])
             self._partial = self._partial[MAX_LINE:]
         for raw in lines:
-            self._write(raw + b"\n")
-            text = raw.decode("utf-8", "replace").rstrip("\r")
+            text = raw.decode("utf-8", "replace")
+            log.passthrough(text)  # in order with esiwrap's own lines, never blocking the loop
+            text = text.rstrip("\r")
             if text.strip():
                 self.tail.append(text[-500:])
-
-    def _write(self, data: bytes) -> None:
-        with contextlib.suppress(OSError):  # esiwrap's stderr gone: the lines are still in the tail
-            while data:
-                data = data[os.write(self._out_fd, data):]
 
     def signal(self, signum: int) -> None:
         """Signal its process group (everything the command started)."""

@@ -1,11 +1,13 @@
 """A real FUSE filesystem whose writes are held to a bandwidth, like network storage.
 
-    python tests/slowfs.py BACKING_DIR MOUNTPOINT BYTES_PER_SECOND
+    python tests/slowfs.py BACKING_DIR MOUNTPOINT BYTES_PER_SECOND [LATENCY_S]
 
 It passes every operation through to BACKING_DIR and paces writes (a token bucket shared by all
 writers), so a checkpoint written to MOUNTPOINT takes its size over the bandwidth, for the trainer
-and for esiwrap's storage probe alike. Tests mount it with `mounted()`; it needs /dev/fuse, root
-(or fusermount), libfuse2 and the fusepy package (scripts/test.sh installs them).
+and for esiwrap's storage probe alike. LATENCY_S (default 0) is added to every write, rename and
+fsync: a disk so busy (a checkpoint's writeback) that even a small file's write waits. Tests
+mount it with `mounted()`; it needs /dev/fuse, root (or fusermount), libfuse2 and the fusepy
+package (scripts/test.sh installs them).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ STATVFS_KEYS = ("f_bavail", "f_bfree", "f_blocks", "f_bsize", "f_favail", "f_ffr
                 "f_frsize", "f_namemax")
 
 
-def make_operations(root: str, bytes_per_s: float) -> Any:
+def make_operations(root: str, bytes_per_s: float, latency_s: float = 0.0) -> Any:
     from fuse import Operations  # fusepy turns an OSError into the errno the kernel sees
 
     class Paced(Operations):  # type: ignore[misc]
@@ -57,7 +59,7 @@ def make_operations(root: str, bytes_per_s: float) -> Any:
                 now = time.monotonic()
                 self.free_at = max(self.free_at, now) + len(data) / bytes_per_s
                 wait = self.free_at - now
-            time.sleep(max(0.0, wait))
+            time.sleep(max(0.0, wait) + latency_s)
             return os.pwrite(fh, data, offset)
 
         def truncate(self, path: str, length: int, fh: Any = None) -> None:
@@ -71,6 +73,7 @@ def make_operations(root: str, bytes_per_s: float) -> Any:
             return 0
 
         def fsync(self, path: str, datasync: int, fh: int) -> int:
+            time.sleep(latency_s)
             os.fsync(fh)
             return 0
 
@@ -84,6 +87,7 @@ def make_operations(root: str, bytes_per_s: float) -> Any:
             os.rmdir(self._path(path))
 
         def rename(self, old: str, new: str) -> None:
+            time.sleep(latency_s)
             os.rename(self._path(old), self._path(new))
 
         def statfs(self, path: str) -> dict[str, Any]:
@@ -100,13 +104,14 @@ def make_operations(root: str, bytes_per_s: float) -> Any:
 
 
 @contextlib.contextmanager
-def mounted(base: Path, bytes_per_s: float) -> Iterator[Path]:
+def mounted(base: Path, bytes_per_s: float, latency_s: float = 0.0) -> Iterator[Path]:
     """A paced FUSE filesystem at `base/mnt` over `base/back`, unmounted (and its process gone)
     when the block ends."""
     back, mnt = base / "back", base / "mnt"
     back.mkdir(parents=True, exist_ok=True)
     mnt.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.Popen([sys.executable, __file__, str(back), str(mnt), str(bytes_per_s)],
+    command = [sys.executable, __file__, str(back), str(mnt), str(bytes_per_s), str(latency_s)]
+    proc = subprocess.Popen(command,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
     try:
         deadline = time.monotonic() + 20.0
@@ -131,9 +136,9 @@ def mounted(base: Path, bytes_per_s: float) -> Iterator[Path]:
 def main(argv: list[str]) -> int:
     from fuse import FUSE
 
-    back, mnt, bps = argv
-    FUSE(make_operations(back, float(bps)), mnt, foreground=True, nothreads=False, big_writes=True,
-         max_write=1 << 20)
+    back, mnt, bps, *latency = argv
+    operations = make_operations(back, float(bps), float(latency[0]) if latency else 0.0)
+    FUSE(operations, mnt, foreground=True, nothreads=False, big_writes=True, max_write=1 << 20)
     return 0
 
 

@@ -43,3 +43,31 @@ def test_an_exit_76_names_what_never_came_and_the_runs_lateness(esiwrap) -> None
     assert exit_["lateness"]["timers"]["max_s"] is not None
     requested = run.first("save_requested")
     assert "late_s" in requested and requested["late_s"] >= 0
+
+
+def test_a_disk_too_busy_to_write_a_small_file_never_holds_up_the_save(esiwrap, tmp_path_factory) -> None:
+    """The status and state files on a disk where every write, rename and fsync waits 2 s (a
+    checkpoint's writeback in front of it): the loop hands them to its writer's thread and goes
+    on, so the save is asked for, acknowledged and followed by the stop in time (exit 75), and the
+    state file is there afterwards. A loop that wrote them itself stood still for seconds at every
+    change of its status."""
+    import slowfs
+    from esiwrap_harness import CHILDREN, event_time
+
+    from esiwrap.errors import EXIT_CHECKPOINTED
+
+    # a trainer that starts in milliseconds (no torch import): what is timed is esiwrap's loop
+    trainer = [sys.executable, str(CHILDREN / "sleep_trainer.py"), "0.2", "0.1"]
+    with slowfs.mounted(tmp_path_factory.mktemp("busy"), 50e6, latency_s=2.0) as busy:
+        run: EsiwrapRun = esiwrap(
+            "--deadline", "+25s", "--redundant-time", "4", "--save-duration", "0.5", "--final-margin", "1",
+            "--stop-grace", "3", "--status-file", str(busy / "status.json"),
+            "--state-file", str(busy / "state.json"), "--", *trainer)
+        code = run.finish(90)
+        story = [(e["event"], e.get("kind"), e.get("reason")) for e in run.events]
+        assert code == EXIT_CHECKPOINTED, story
+        deadline = event_time(run.first("deadline_resolved")) + run.first("deadline_resolved")["remaining_s"]
+        saved = [e for e in run.events if e["event"] == "save_completed"]
+        assert saved and event_time(saved[-1]) < deadline
+        assert event_time(run.first("supervisor_exit")) < deadline
+        assert '"checkpoint"' in (busy / "state.json").read_text()
