@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -44,7 +45,8 @@ def moved_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
     items = {"/latest/instance_id": INSTANCE_ID, "/latest/region_id": REGION}
     with FakeMetadata(items) as imds, FakeVolcengineApi() as api:
         api.add_instance(INSTANCE_ID, SCHEDULED_ID, expired_at=rfc3339_in(86400))
-        api.set_release(SCHEDULED_ID, rfc3339_in(40))  # on the picture's scale, beyond the run's end
+        release_at = time.time() + 60  # on the picture's scale, beyond the run's end
+        api.set_release(SCHEDULED_ID, rfc3339_in(release_at - time.time()))
         env = {**CREDENTIALS, "ESIWRAP_METADATA_URL": imds.url, "ESIWRAP_VOLCENGINE_ENDPOINT": api.url}
         run = EsiwrapRun([
             "--sources", "volcengine,volcengine-spot", "--refresh", "1", "--redundant-time", "6",
@@ -54,7 +56,8 @@ def moved_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
         try:
             run.wait_event("deadline_resolved", timeout=30, source="volcengine")
             run.wait_for(lambda e: e["event"] == "step_observed" and e.get("step", 0) >= 5, 90, "step 5")
-            imds.set(SPOT_ITEM, rfc3339_in(20))
+            # earlier than the release however long torch took to start on a busy node: the notice moves it
+            imds.set(SPOT_ITEM, rfc3339_in(min(20.0, release_at - time.time() - 8)))
             run.wait_event("deadline_changed", timeout=30, source="volcengine-spot")
             code = run.finish(timeout=90)
         finally:
