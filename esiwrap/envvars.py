@@ -32,3 +32,31 @@ HOOK_SWITCH_ENV = "ESIWRAP_HOOK"  # "0" turns the zero-code hooks off
 RELAY_ENV = "ESIWRAP_RELAY"  # set by the driver's Ray runtime-env hook: "this Ray job is esiwrap's"
 CHAINED_RAY_ENV_HOOK = "ESIWRAP_CHAINED_RAY_RUNTIME_ENV_HOOK"  # a user's Ray env hook, called after ours
 CHAINED_SETUP_HOOK_ENV = "ESIWRAP_CHAINED_SETUP_HOOK"  # a user's worker_process_setup_hook, likewise
+
+# Each name above, for the environment-variable reference (`docs/reference/environment.md`, written
+# by `scripts/gen_reference.py`): who sets it, and what it means. Plain data: nothing is imported.
+EXPORTED = "set by esiwrap for the command"
+FOR_UPLOAD = "set by esiwrap for the --upload command"
+READ = "read by esiwrap"
+HOOKS = "the zero-code hooks (verl, Ray)"
+DESCRIPTIONS: dict[str, tuple[str, str]] = {
+    SOCKET_ENV: (EXPORTED, "the trainer channel's Unix socket; the trainer library sends only when it "
+                 "is set, and never blocks on it"),
+    SIGNAL_ENV: (EXPORTED, "the save signal's name (`--signal`), e.g. `SIGUSR1`; `install()` registers "
+                 "its handler for it"),
+    RUN_ID_ENV: (EXPORTED, "the `run_id` of esiwrap's log lines, to tag your own"),
+    TRAINER_SIGTERM_ENV: (EXPORTED, "`save` inside a Slurm job (unless you set it): `install()` then takes "
+                          "SIGTERM as a save request and asks esiwrap to stop it with SIGHUP; any "
+                          "other value keeps SIGTERM's default"),
+    CHECKPOINT_PATH_ENV: (FOR_UPLOAD, "the checkpoint to upload, as the trainer reported it (also "
+                          "`{path}`)"),
+    CHECKPOINT_STEP_ENV: (FOR_UPLOAD, "the step it holds (also `{step}`)"),
+    COMMAND_ENV: (READ, "the command when none follows `--`, split like a POSIX shell would (how the "
+                  "systemd unit gets its command)"),
+    HOOK_SWITCH_ENV: (READ, "`0` turns the zero-code hooks off and leaves the child's `PYTHONPATH` as "
+                      "it is"),
+    RELAY_ENV: (HOOKS, "set by the driver's Ray runtime-env hook in the job's workers: this Ray job is "
+                "esiwrap's"),
+    CHAINED_RAY_ENV_HOOK: (HOOKS, "a `RAY_RUNTIME_ENV_HOOK` of yours, called after esiwrap's"),
+    CHAINED_SETUP_HOOK_ENV: (HOOKS, "a `worker_process_setup_hook` of yours, called after esiwrap's"),
+}

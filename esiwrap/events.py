@@ -1,57 +1,247 @@
 """The names of esiwrap's log events: one home for what the supervisor writes and `report` reads.
 
-README.md's Logs table documents each one with its fields.
+Each event is declared with its topic, when it is logged and its fields; the events reference
+(`docs/reference/events.md`) is written from these by `scripts/gen_reference.py`, and a test fails
+when the committed page is not what they say.
 """
 
 from __future__ import annotations
 
-CHILD_STARTED = "child_started"
-CHILD_STOPPING = "child_stopping"
-CHILD_KILLED = "child_killed"
-CHILD_EXITED = "child_exited"
-COMMAND_FAILED = "command_failed"
-DEADLINE_RESOLVED = "deadline_resolved"
-DEADLINE_CHANGED = "deadline_changed"
-DEADLINE_UNAVAILABLE = "deadline_unavailable"
-DEADLINE_WITHDRAWN = "deadline_withdrawn"
-DEADLINE_TOO_CLOSE = "deadline_too_close"
-EARLY_WARNING = "early_warning"
-CAPACITY_RELEASED = "capacity_released"
-TRAINER_ATTACHED = "trainer_attached"
-TRAINER_REJECTED = "trainer_rejected"
-NO_TRAINER_ATTACHED = "no_trainer_attached"
-STEP_OBSERVED = "step_observed"
-SAVE_SCHEDULED = "save_scheduled"
-STORAGE_PROBED = "storage_probed"
-SAVE_REQUESTED = "save_requested"
-SAVE_STARTED = "save_started"
-SAVE_COMPLETED = "save_completed"
-SAVE_FAILED = "save_failed"
-SAVE_MISSED = "save_missed"
-STOP_EXTENDED = "stop_extended"
-STOP_BUDGET_TOO_SMALL = "stop_budget_too_small"
-STATE_LOADED = "state_loaded"
-STATE_IGNORED = "state_ignored"
-STATE_NOT_SAVED = "state_not_saved"
-TRAINING_CONTINUES = "training_continues"
-UPLOAD_STARTED = "upload_started"
-UPLOAD_COMPLETED = "upload_completed"
-UPLOAD_FAILED = "upload_failed"
-UPLOAD_SKIPPED = "upload_skipped"
-UPLOAD_RETRY_PLANNED = "upload_retry_planned"
-UPLOAD_GIVEN_UP = "upload_given_up"
-CHECKPOINT_NOT_DURABLE = "checkpoint_not_durable"
-RESUMED = "resumed"
-RESUME_MISSED = "resume_missed"
-SUPERVISOR_EXIT = "supervisor_exit"
-SUPERVISOR_FAILED = "supervisor_failed"
-SYSTEMD_NOTIFY_FAILED = "systemd_notify_failed"
-SYSTEMD_NOTIFY_UNSUPPORTED = "systemd_notify_unsupported"
-METRICS_SERVING = "metrics_serving"
-OBSERVE_WRITE_FAILED = "observe_write_failed"
-STATUS_FILE_UNAVAILABLE = "status_file_unavailable"
-SLURM_REQUEUED = "slurm_requeued"
-SLURM_REQUEUE_FAILED = "slurm_requeue_failed"
-SLURM_REQUEUE_SKIPPED = "slurm_requeue_skipped"
+from dataclasses import dataclass
 
-ALL = frozenset(value for name, value in dict(globals()).items() if name.isupper() and isinstance(value, str))
+
+@dataclass(frozen=True)
+class EventDoc:
+    name: str
+    topic: str  # one of TOPICS: the events reference's headings
+    when: str  # when it is logged, one phrase
+    fields: str  # its fields beyond timestamp, level, event and run_id (Markdown)
+
+
+COMMAND = "The command and esiwrap"
+DEADLINES = "Deadlines"
+TRAINERS = "Trainers"
+SAVES = "Saves"
+UPLOADS = "Uploads"
+STATE = "State and resumes"
+STOPPING = "Stopping"
+OUTSIDE = "systemd, metrics and status"
+SLURM = "Slurm"
+TOPICS = (COMMAND, DEADLINES, TRAINERS, SAVES, UPLOADS, STATE, STOPPING, OUTSIDE, SLURM)
+
+DOCS: dict[str, EventDoc] = {}
+
+
+def _event(name: str, topic: str, when: str, fields: str) -> str:
+    DOCS[name] = EventDoc(name, topic, when, fields)
+    return name
+
+
+# ---------------------------------------------------------------------------- the command
+CHILD_STARTED = _event(
+    "child_started", COMMAND, "the command started",
+    "pid, argv, host (the machine's name: which instance), settings (the run options that shape "
+    "decisions, by flag: what `report --what-if` starts from)")
+COMMAND_FAILED = _event(
+    "command_failed", COMMAND, "the command could not be started",
+    "reason (the command was not found or is not executable: exit 127/126)")
+CHILD_EXITED = _event(
+    "child_exited", COMMAND, "the command ended",
+    "pid, code, signal (hint on an unexpected SIGKILL)")
+SUPERVISOR_EXIT = _event(
+    "supervisor_exit", COMMAND, "esiwrap exits",
+    "code, reason, last_step, checkpoint_step (the last completed), durable_step (the last "
+    "durable: with `--upload`, uploaded), lateness ({\"timers\": {p99_s, max_s}, \"reports\": "
+    "{p99_s, max_s}}: how late esiwrap's loop woke for its timers and how long trainer reports took "
+    "to reach it, over the run)")
+SUPERVISOR_FAILED = _event(
+    "supervisor_failed", COMMAND, "a bug in esiwrap (error level)",
+    "error, exception (the child gets its stop signal, exit 1)")
+
+# ---------------------------------------------------------------------------- deadlines
+DEADLINE_RESOLVED = _event(
+    "deadline_resolved", DEADLINES, "a source's first deadline",
+    "source, deadline, remaining_s, raw, lead_s (+ `volcengine`: instance_id, "
+    "scheduled_instance_id, region, expired_at; spot: notice, action; `slurm`: job, via "
+    "(`SLURM_JOB_END_TIME` or `squeue`), restart_count after a requeue; `azure`: event_id, "
+    "event_type, event_status, resources, description, event_source, duration_s, incarnation, vm; "
+    "`gcp`: notice, assumed; another node's: node_id, address)")
+DEADLINE_CHANGED = _event(
+    "deadline_changed", DEADLINES, "the ruling deadline moved",
+    "old, new, source, remaining_s, raw (+ the same detail as `deadline_resolved`)")
+DEADLINE_WITHDRAWN = _event(
+    "deadline_withdrawn", DEADLINES, "what a source said no longer counts",
+    "source, reason (a Ray node left the cluster, an Azure scheduled event was cancelled or is "
+    "over, a GCP notice went back). When a source takes back its own ruling deadline and no other "
+    "source knows one, none rules: nothing is planned until a new one comes (a node that left keeps "
+    "the last deadline)")
+EARLY_WARNING = _event(
+    "early_warning", DEADLINES, "a risk that is no deadline (once per new warning)",
+    "source, reason, action (`save now`, or why not: `none: a save is under way`, `none: the "
+    "latest step is saved`, `none: no trainer attached`, `none: stopping`): e.g. an EC2 rebalance "
+    "recommendation")
+DEADLINE_UNAVAILABLE = _event(
+    "deadline_unavailable", DEADLINES, "a source could not answer (again only when the reason changes)",
+    "source, reason (info level when the source simply does not apply)")
+DEADLINE_TOO_CLOSE = _event(
+    "deadline_too_close", DEADLINES, "the insurance save no longer fits (warning): it is requested at once",
+    "remaining_s, needed_s")
+CAPACITY_RELEASED = _event(
+    "capacity_released", DEADLINES, "exit 75, the child's tree gone: a source told its platform",
+    "source, ok, detail (e.g. `--azure-ack`'s `approved scheduled event … (Reboot)`; a failure is "
+    "a warning and changes nothing else)")
+
+# ---------------------------------------------------------------------------- trainers
+TRAINER_ATTACHED = _event(
+    "trainer_attached", TRAINERS, "a trainer process said hello",
+    "pid, rank, world_size, saves, integration, … (with checkpoint_bytes, checkpoint_dir, "
+    "resumed_from, nodes when the trainer said them, and verl's checkpoint_estimate: how the size "
+    "was estimated; in a Slurm job also `sigterm: save` and its `stop_signal`)")
+TRAINER_REJECTED = _event(
+    "trainer_rejected", TRAINERS, "a hello from outside esiwrap's tree that asked to be signalled",
+    "pid, reason")
+NO_TRAINER_ATTACHED = _event(
+    "no_trainer_attached", TRAINERS, "a save was due and nothing attached: the child is stopped (exit 76)",
+    "action")
+STEP_OBSERVED = _event(
+    "step_observed", TRAINERS, "every step boundary (debug level: `--log-level debug`)",
+    "step, duration_s, delivery_s (how long the report took to reach esiwrap, from the `sent_mono` "
+    "stamp the trainer library puts on every message)")
+STORAGE_PROBED = _event(
+    "storage_probed", TRAINERS, "the checkpoint storage's write speed was measured",
+    "path, source (`probe`, or `previous checkpoint`), bandwidth_mb_s, written_bytes (the probe's "
+    "write, or the previous checkpoint's bytes), seconds; or error (a warning: no prior from it)")
+
+# ---------------------------------------------------------------------------- saves
+SAVE_SCHEDULED = _event(
+    "save_scheduled", SAVES, "a save was planned, or its moment moved by more than 5 s",
+    "kind (calibration/periodic/insurance/final), signal_at, in_s, step_estimate_s, "
+    "save_estimate_s, reserve_s (the slack kept before the deadline: `--redundant-time` for "
+    "insurance, `--final-margin` for final saves, 0 for the others), lateness_s (added to the "
+    "slack: esiwrap's own lateness on this node), why (one phrase: the rule that "
+    "planned it and what the estimate rests on: a measured save, an earlier run's, `prior 700s from "
+    "140 GB at 200 MB/s (probe)`, or a guess; for a periodic save, the interruption rate it assumed "
+    "and where that came from)")
+SAVE_REQUESTED = _event(
+    "save_requested", SAVES, "the save signal was sent",
+    "reason (deadline/sigterm/manual/peer/early_warning; deadline for every planned save; peer: a "
+    "save another node's esiwrap asked for, seen in the trainer's messages, multi-node torchrun; "
+    "early_warning: after an `early_warning`), kind, remaining_s (null without a deadline), signal, "
+    "pids; for a planned save also planned_at, late_s (the moment the signal went out minus "
+    "planned_at), step_estimate_s, save_estimate_s, why (the plan when it fired)")
+SAVE_STARTED = _event(
+    "save_started", SAVES, "a trainer began writing a checkpoint",
+    "step, pid, requested")
+SAVE_COMPLETED = _event(
+    "save_completed", SAVES, "the checkpoint is complete (acknowledged)",
+    "step, kind, duration_s, path, remaining_s, requested")
+SAVE_FAILED = _event(
+    "save_failed", SAVES, "the trainer reported a failed save; the next boundary tries again",
+    "step, pid, error")
+SAVE_MISSED = _event(
+    "save_missed", SAVES, "a save asked for was not acknowledged in time (and on the way to exit 76: why)",
+    "remaining_s, reason; on the way to exit 76 also last_plan (kind, signal_at, the estimates, "
+    "reserve_s, lateness_s, why), signal (reason, requested_at, late_s, pids, step_reports_since), "
+    "late (timers_max_s, reports_max_s, last_step_report_s_ago) and never_came (what the save "
+    "waited for and did not get, the deciding one first: no hello, no save asked for, nobody to "
+    "signal, no step boundary after the signal, steps without a save, a save begun and never "
+    "ended, a failed save)")
+TRAINING_CONTINUES = _event(
+    "training_continues", SAVES, "after the last save that fits, the trainer trains on",
+    "reason (`--after-save continue`, or linger: \"no further save fits…\" with stop_at, in_s)")
+CHECKPOINT_NOT_DURABLE = _event(
+    "checkpoint_not_durable", SAVES,
+    "once, at the first completed save: the checkpoint is on a local disk and there is no `--upload`",
+    "path, filesystem, mount_point, device, fix")
+
+# ---------------------------------------------------------------------------- uploads
+UPLOAD_STARTED = _event(
+    "upload_started", UPLOADS, "`--upload`: the command runs for this checkpoint",
+    "step, path, pid, attempt, upload_estimate_s, remaining_s")
+UPLOAD_COMPLETED = _event(
+    "upload_completed", UPLOADS, "the checkpoint is durable",
+    "step, path, duration_s, attempt, remaining_s")
+UPLOAD_FAILED = _event(
+    "upload_failed", UPLOADS, "an upload failed, could not start or was cut off",
+    "step, path, code, signal, duration_s, attempt, stderr (its last lines), remaining_s; error (it "
+    "could not start), reason (`cut off: …` when esiwrap stopped it)")
+UPLOAD_SKIPPED = _event(
+    "upload_skipped", UPLOADS,
+    "a newer checkpoint completed while another upload ran: this one is never uploaded",
+    "step, path, superseded_by, reason")
+UPLOAD_RETRY_PLANNED = _event(
+    "upload_retry_planned", UPLOADS, "a failed upload will be tried again",
+    "step, path, attempt (the one planned), in_s, reason (`backoff`, or, once the child has "
+    "stopped, `the latest start that still ends before the cut-off`), expected_s (how long an "
+    "attempt is expected to take), remaining_s; at a stop also cutoff_in_s")
+UPLOAD_GIVEN_UP = _event(
+    "upload_given_up", UPLOADS, "no further upload attempt can end before the cut-off (warning): exit 74",
+    "step, path, attempts, expected_s, cutoff_in_s, reason")
+
+# ---------------------------------------------------------------------------- state and resumes
+STATE_LOADED = _event(
+    "state_loaded", STATE, "`--state-file` was read at the start",
+    "path, steps, saves, longest_save_s, uploads, longest_upload_s, checkpoint_step, age_s (or "
+    "note: no state file yet)")
+STATE_IGNORED = _event(
+    "state_ignored", STATE, "the state file was not used (warning)",
+    "path, reason (corrupt, not an esiwrap state file, stale, unreadable)")
+STATE_NOT_SAVED = _event(
+    "state_not_saved", STATE, "the state file could not be written (once; training goes on)",
+    "path, error")
+RESUMED = _event(
+    "resumed", STATE, "the trainer started from the durable checkpoint the state file names",
+    "checkpoint_step, start_step, steps_redone, path, checkpoint_at")
+RESUME_MISSED = _event(
+    "resume_missed", STATE, "the trainer started from scratch or further back (warning)",
+    "checkpoint_step, start_step, steps_redone, path, checkpoint_at, started, causes")
+
+# ---------------------------------------------------------------------------- stopping
+CHILD_STOPPING = _event(
+    "child_stopping", STOPPING, "the stop sequence began",
+    "signal, grace_s, reason")
+CHILD_KILLED = _event(
+    "child_killed", STOPPING, "what was left of the tree after `--stop-grace` got SIGKILL",
+    "signal, pids")
+STOP_EXTENDED = _event(
+    "stop_extended", STOPPING, "a save is being written when the stop wait ends",
+    "until_s, reason")
+STOP_BUDGET_TOO_SMALL = _event(
+    "stop_budget_too_small", STOPPING,
+    "at the first hello, again when a measured step or save makes the stop need a fifth more",
+    "budget_s, needed_s, step_s, save_s, stop_grace_s, fix")
+
+# ---------------------------------------------------------------------------- the outside views
+SYSTEMD_NOTIFY_FAILED = _event(
+    "systemd_notify_failed", OUTSIDE, "once: `$NOTIFY_SOCKET` did not take a notification",
+    "error")
+SYSTEMD_NOTIFY_UNSUPPORTED = _event(
+    "systemd_notify_unsupported", OUTSIDE,
+    "a `$NOTIFY_SOCKET` that is neither a path nor `@name`, e.g. `vsock:`: no notifications",
+    "socket")
+METRICS_SERVING = _event(
+    "metrics_serving", OUTSIDE, "`--metrics-port`: where the endpoint listens",
+    "url, address, port")
+OBSERVE_WRITE_FAILED = _event(
+    "observe_write_failed", OUTSIDE,
+    "the metrics or status file could not be written (once per error; the run goes on)",
+    "path, error")
+STATUS_FILE_UNAVAILABLE = _event(
+    "status_file_unavailable", OUTSIDE,
+    "no directory for the default status file: `esiwrap status` will not see this run",
+    "looked_in, fix")
+
+# ---------------------------------------------------------------------------- slurm
+SLURM_REQUEUED = _event(
+    "slurm_requeued", SLURM, "`--slurm-requeue` put the job back in the queue",
+    "job, state (`RUNNING`, or `COMPLETING` on the time limit), restart_count (the next run's "
+    "`SLURM_RESTART_COUNT`)")
+SLURM_REQUEUE_FAILED = _event(
+    "slurm_requeue_failed", SLURM, "the requeue failed (esiwrap still exits 75)",
+    "job, reason (scontrol's error and what to change)")
+SLURM_REQUEUE_SKIPPED = _event(
+    "slurm_requeue_skipped", SLURM, "the job was not requeued",
+    "job, state, reason (the job is being ended by someone else: scancel, preemption, an admin's "
+    "requeue; or not the task with `SLURM_PROCID` 0)")
+
+ALL = frozenset(DOCS)

@@ -28,7 +28,7 @@ class Family:
     help: str
 
 
-# Every family esiwrap exports, in the order written (README lists the same).
+# Every family esiwrap exports, in the order written (docs/observe/metrics.md lists the same).
 INFO = Family("esiwrap_info", "gauge",
               "Always 1; labels name this esiwrap (run_id, pid, child_pid, version).")
 PHASE = Family("esiwrap_phase", "gauge", "1 for the supervisor's current phase, 0 for the others.")

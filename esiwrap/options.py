@@ -31,6 +31,7 @@ from esiwrap.deadline.registry import DEFAULT_SOURCES, KNOWN_SOURCES, parse_sour
 from esiwrap.deadline.registry import OPTIONS as EACH_SOURCES_OPTIONS
 from esiwrap.errors import UsageError
 from esiwrap.optiontypes import (
+    SECTIONS,
     Option,
     as_given,
     boolean,
@@ -137,74 +138,175 @@ def _status_file(text: str) -> str:
 
 
 # ---------------------------------------------------------------------------------- the tables
+FIRST_SAVE = "policy.md#before-the-first-save-the-checkpoints-size-and-the-storages-speed"
 SOURCE_OPTIONS = (
-    Option("--deadline", _deadline_text, None, "+2h",
-           "expiry: epoch s/ms, ISO-8601 with offset, or +90s/+15m/+2h; overrides discovery"),
+    Option("--deadline", _deadline_text, None, "+2h", "the deadline; overrides discovery",
+           section="deadline", see="deadline-sources.md#which-values-count", value_name="WHEN",
+           doc="Epoch seconds or milliseconds (told apart by size), ISO-8601 with an offset or `Z` "
+               "(`2026-09-14T20:30:00+08:00`), or relative to now: `+90s`, `+15m`, `+2h`, `+1d`. A "
+               "time without an offset is refused (which zone?). With it, no other source is asked. "
+               "It must lie between 2000-01-01 and 10 years from now, else exit 2 before the "
+               "command starts."),
     Option("--sources", _sources, list(DEFAULT_SOURCES), ",".join(DEFAULT_SOURCES),
-           "ordered deadline sources"),
-    Option("--refresh", seconds, 300.0, "300", "seconds between deadline re-resolutions"),
+           "ordered deadline sources",
+           section="deadline", see="deadline-sources.md", value_name="LIST",
+           doc=f"Where to look, in order (`esiwrap deadline` shows what each one says); the earliest "
+               f"deadline among those that answer wins. Known: {', '.join(f'`{n}`' for n in KNOWN_SOURCES)}. "
+               f"`aws-spot`, `azure` and `gcp` are not on by default (they would probe a metadata "
+               f"address from every machine of another cloud or none); `slurm` only starts inside a "
+               f"Slurm job."),
+    Option("--refresh", seconds, 300.0, "300", "seconds between deadline look-ups", section="deadline",
+           see="deadline-sources.md",
+           doc="How often the sources whose answer can change are asked again: the ECS OpenAPI's "
+               "`AutoReleaseAt`, Slurm's end time (at most every 60 s there). Spot notices have a 5 s "
+               "poll of their own, which backs off up to this when the service does not answer."),
     *EACH_SOURCES_OPTIONS,
 )
 
 RUN_OPTIONS = (
-    Option("--redundant-time", seconds, 120.0, "120", "slack before the deadline for the insurance save"),
-    Option("--save-duration", seconds, 60.0, "60", "initial save-time estimate, until a save is measured"),
-    Option("--unmeasured-factor", _factor, 6.0, "6",
-           "until a save is measured, the insurance save assumes --save-duration times this"),
-    Option("--interruption-rate", _rate, None, "1",
-           "interruptions a day to guard against with periodic saves (Young/Daly); 0 turns them off; "
-           "auto: by the capacity's kind (spot, reserved, unknown) and the job's nodes",
-           show=lambda value: "auto" if value is None else f"{value:g}"),
+    Option("--redundant-time", seconds, 120.0, "120", "slack before the deadline: insurance save",
+           section="policy", see="policy.md",
+           doc="The insurance save, the one that must not fail, is planned to end this long before "
+               "the deadline (its `reserve_s`), with the high step quantile and the conservative "
+               "save estimate."),
+    Option("--save-duration", seconds, 60.0, "60", "save time guessed until one is measured",
+           section="policy", see=FIRST_SAVE,
+           doc="Used only while no save is measured and no prior is known (the checkpoint's size "
+               "over the storage's probed speed): the insurance save then assumes this times "
+               "`--unmeasured-factor`."),
+    Option("--unmeasured-factor", _factor, 6.0, "6", "the safety factor on a guessed save time",
+           section="policy", value_name="FACTOR", see="policy.md",
+           doc="Until a save is measured (and with no prior), the insurance save assumes "
+               "`--save-duration` × this, and an upload `--upload-duration` × this. A guess that is "
+               "too short misses the deadline; one that is too long only takes the first checkpoint "
+               "earlier."),
+    Option("--interruption-rate", _rate, None, "1", "interruptions a day, for periodic saves",
+           show=lambda value: "auto" if value is None else f"{value:g}",
+           section="policy", see="policy.md#how-often-capacity-is-interrupted-the-periodic-cadence",
+           value_name="RATE",
+           doc="Interruptions a day that come with less warning than a step plus a save, guarded "
+               "against with periodic saves at Young/Daly's interval `sqrt(2 × save cost / rate)`. "
+               "`0` turns periodic saves off; `auto`: by the capacity's kind (spot, reserved, "
+               "unknown) and the job's nodes."),
     Option("--state-file", _state_file, None, "/mnt/checkpoints/job/esiwrap-state.json",
-           "keep this job's measured step and save times here, for the next run"),
-    Option("--probe-storage", boolean, True, "false",
-           "before the first save, measure how fast the checkpoint directory's storage takes writes "
-           "(a bounded write, removed after); with the checkpoint's size it plans the first save"),
+           "the job's memory across runs", section="uploads", value_name="PATH",
+           see="uploads-and-resumes.md#remembered-across-runs-state-file",
+           doc="Keep the job's measured step intervals, save and upload durations and its last "
+               "durable checkpoint in this small JSON file, next to the checkpoints on storage that "
+               "outlives the instance. The next run plans with them from its first save and checks "
+               "that the trainer resumed from that checkpoint (`resumed`, `resume_missed`). Its "
+               "directory must exist."),
+    Option("--probe-storage", boolean, True, "false", "measure the checkpoint storage's speed",
+           section="policy", see=FIRST_SAVE,
+           doc="Before the first save, write a bounded temporary file (at most 1 GiB or 2 s, removed "
+               "after) to the checkpoint directory's filesystem, from a thread of esiwrap's own, so "
+               "that the first save is planned from the checkpoint's size over this speed "
+               "(`storage_probed`)."),
     Option("--upload", _upload_command, None, "'aws s3 cp --recursive {path} s3://bucket/job/{step}/'",
-           "after each completed save, run this shell command ({path}, {step}); exit 75 only once "
-           "the last checkpoint's upload completed"),
-    Option("--upload-duration", seconds, 60.0, "600",
-           "the upload time expected until one is measured (times --unmeasured-factor for the "
-           "insurance save)"),
-    Option("--local-checkpoints-survive", boolean, False, "true",
-           "this machine's local disk outlives the instance: no checkpoint_not_durable warning"),
-    Option("--step-window", positive_int, 100, "100", "how many recent step intervals to learn from"),
-    Option("--step-quantile", _quantile, 0.99, "0.99 or max", "quantile of the window used as the step time"),
-    Option("--final-save", boolean, True, "true", "after the insurance save, keep training and save again"),
-    Option("--final-margin", seconds, 5.0, "5", "slack before the deadline for final saves"),
-    Option("--after-save", choice(AFTER_SAVE), "stop", "stop",
-           "once the last planned save is acknowledged: stop the child, let it train until the stop "
-           "must begin (linger: a later deadline is followed), or leave it running", AFTER_SAVE),
-    Option("--stop-grace", seconds, 30.0, "30", "seconds between the stop signal and SIGKILL"),
-    Option("--stop-budget", seconds, None, "30",
-           "seconds the platform gives a stop before its SIGKILL (docker stop: 10, Kubernetes: 30); "
-           "warns when a step, a save and --stop-grace do not fit"),
-    Option("--on-sigterm", choice(ON_SIGTERM), "checkpoint", "checkpoint",
-           "SIGTERM to esiwrap: save first, or just forward", ON_SIGTERM),
-    Option("--signal", _signal_parser(SAVE_SIGNALS), int(signal.SIGUSR1), "SIGUSR1",
-           "the save signal sent to registered trainers", SAVE_SIGNALS, show=signal_label),
-    Option("--signal-child", boolean, False, "true",
-           "send the save signal to the direct child, which handles it itself"),
+           "copy each checkpoint off the instance", section="uploads", value_name="CMD",
+           see="uploads-and-resumes.md#uploads-exit-75-means-resumable-elsewhere",
+           doc="After each completed save, run this shell command with `{path}` (the checkpoint, "
+               "shell-quoted) and `{step}`; exit status 0 means uploaded. The upload counts in the "
+               "plan: exit 75 only once the last checkpoint's upload completed, 74 when it did "
+               "not."),
+    Option("--upload-duration", seconds, 60.0, "600", "upload time guessed until one is measured",
+           section="uploads", see="uploads-and-resumes.md#uploads-exit-75-means-resumable-elsewhere",
+           doc="Until an upload is measured (in this run, or by an earlier one in `--state-file`), "
+               "plans count on this times `--unmeasured-factor`."),
+    Option("--local-checkpoints-survive", boolean, False, "true", "this local disk outlives the instance",
+           section="uploads", see="uploads-and-resumes.md#a-checkpoint-that-dies-with-the-instance-is-named",
+           doc="No `checkpoint_not_durable` warning for a checkpoint on a local disk: for a "
+               "persistent volume that moves with the job, or a machine that runs the next run too."),
+    Option("--step-window", positive_int, 100, "100", "step intervals remembered", section="policy",
+           see="policy.md", value_name="N",
+           doc="How many recent boundary-to-boundary step intervals the step estimate is taken from."),
+    Option("--step-quantile", _quantile, 0.99, "0.99 or max", "quantile of the window taken as a step",
+           section="policy", see="policy.md", value_name="Q",
+           doc="The quantile of the step window the insurance save's step estimate is (`max`: the "
+               "longest). Final saves take the quantile that gives the most expected progress."),
+    Option("--final-save", boolean, True, "true", "keep training after the insurance save",
+           section="policy", see="policy.md",
+           doc="After the insurance save, keep training and save again at the last step boundary that "
+               "still fits (`--final-margin` before the deadline), again after each. Turn it off for "
+               "torchrun across nodes: the first save any node asks for ends the job everywhere."),
+    Option("--final-margin", seconds, 5.0, "5", "slack before the deadline: final saves", section="policy",
+           see="policy.md",
+           doc="A final save is planned to end this long before the deadline; a trainer that needs "
+               "longer to exit needs more."),
+    Option("--after-save", choice(AFTER_SAVE), "stop", "stop", "what follows the last planned save",
+           AFTER_SAVE, section="stopping", see="policy.md",
+           doc="Once the last planned save is acknowledged: `stop` the child; `linger`: let it train "
+               "until the stop must begin (`--stop-grace` + 5 s before the deadline; a deadline that "
+               "moves later is followed); `continue`: leave it running."),
+    Option("--stop-grace", seconds, 30.0, "30", "seconds from stop signal to SIGKILL",
+           section="stopping", see="reference/signals.md",
+           doc="From the stop signal to SIGKILL of what is left of the child's tree; also how long "
+               "esiwrap waits for a save's acknowledgement after SIGTERM (while a save is being "
+               "written, up to 3× its estimate, never past the deadline)."),
+    Option("--stop-budget", seconds, None, "30", "what the platform gives a stop", section="stopping",
+           see="running/container.md",
+           doc="Seconds the platform gives a stop before its own SIGKILL (`docker stop`: 10; "
+               "Kubernetes: `terminationGracePeriodSeconds`, 30 by default; Slurm: `KillWait`). "
+               "esiwrap warns (`stop_budget_too_small`) when a step, a save and `--stop-grace` do "
+               "not fit in it."),
+    Option("--on-sigterm", choice(ON_SIGTERM), "checkpoint", "checkpoint", "SIGTERM: save first, or forward",
+           ON_SIGTERM, section="stopping", see="reference/signals.md",
+           doc="`checkpoint`: a SIGTERM to esiwrap asks for one save at the next step boundary "
+               "(unless the latest step is saved), waits for it, then stops the child (exit 75 when "
+               "it completed); `forward`: it is passed on to the child."),
+    Option("--signal", _signal_parser(SAVE_SIGNALS), int(signal.SIGUSR1), "SIGUSR1", "the save signal",
+           SAVE_SIGNALS, show=signal_label, section="stopping", see="trainer.md", value_name="SIG",
+           doc="Sent to the trainers that said hello, and exported to the command as "
+               "`ESIWRAP_SIGNAL`. SIGUSR2 for stacks that use SIGUSR1 themselves (Lightning's Slurm "
+               "auto-requeue)."),
+    Option("--signal-child", boolean, False, "true", "signal the direct child, which handles it",
+           section="stopping", see="trainer.md",
+           doc="Also send the save signal to the direct child when it handles the signal itself "
+               "without the trainer library (no hello)."),
     Option("--stop-signal", _signal_parser(STOP_SIGNALS), int(signal.SIGTERM), "SIGTERM",
-           "first signal of the stop sequence", STOP_SIGNALS, show=signal_label),
+           "first signal of the stop sequence", STOP_SIGNALS, show=signal_label, section="stopping",
+           see="reference/signals.md#the-stop-sequence", value_name="SIG",
+           doc="Sent to the child to stop it (a trainer may ask for another in its hello: a Ray "
+               "driver asks for SIGINT); then SIGTERM to what is left of its tree, and SIGKILL after "
+               "`--stop-grace`."),
 )
 
 LOG_OPTIONS = (
-    Option("--log-file", as_given, None, "/var/log/esiwrap/job.jsonl", "also write JSON lines here"),
-    Option("--log-format", choice(LOG_FORMATS), None, "json",
-           "json (default when stderr is not a terminal) or console", LOG_FORMATS),
-    Option("--log-level", choice(LOG_LEVELS), "info", "info", "least severe level written", LOG_LEVELS),
+    Option("--log-file", as_given, None, "/var/log/esiwrap/job.jsonl", "also write JSON lines here",
+           section="observe", see="observe/logs.md", value_name="PATH",
+           doc="Checked before the command starts: a missing directory, a directory, or a place "
+               "esiwrap may not write is one line and exit 2. On storage that outlives the instance "
+               "it keeps `esiwrap report` possible after the instance is gone."),
+    Option("--log-format", choice(LOG_FORMATS), None, "json", "json or console", LOG_FORMATS,
+           section="observe", see="observe/logs.md",
+           doc="`json`: one object per line, the default when stderr is not a terminal; `console`: "
+               "readable lines (needs structlog). Under systemd's journal, always JSON."),
+    Option("--log-level", choice(LOG_LEVELS), "info", "info", "debug, info, warning or error", LOG_LEVELS,
+           section="observe", value_name="LEVEL", see="observe/logs.md",
+           doc="`debug` adds `step_observed` for every step: the report's per-step figures, the "
+               "timeline's steps and exact `--what-if` replays need it."),
 )
 
 OBSERVE_OPTIONS = (
     Option("--metrics-file", file_in_existing_dir, None, "/var/lib/node_exporter/textfile/esiwrap.prom",
-           "write Prometheus metrics here on every change (node_exporter textfile collector)"),
-    Option("--metrics-port", port, None, "9478",
-           "serve Prometheus metrics on this TCP port (0: any free port; see metrics_serving)"),
-    Option("--metrics-address", _address, "127.0.0.1", "0.0.0.0",
-           "address the metrics port listens on (0.0.0.0 or :: for every interface)"),
-    Option("--status-file", _status_file, "auto", "/run/esiwrap/job.json",
-           "where `esiwrap status` finds this run (auto: a per-user runtime directory; none: no file)"),
+           "write Prometheus metrics here", section="observe", see="observe/metrics.md",
+           value_name="PATH",
+           doc="The Prometheus text format, rewritten atomically on every change, as "
+               "node_exporter's textfile collector wants (the name ends in `.prom`); its directory "
+               "must exist. Removed when esiwrap exits."),
+    Option("--metrics-port", port, None, "9478", "serve Prometheus metrics on this port", section="observe",
+           see="observe/metrics.md", value_name="PORT",
+           doc="`GET /metrics`, `/status` and `/`, served from esiwrap's own loop; `0` takes any free "
+               "port (logged as `metrics_serving`). A port in use is exit 2 before the command "
+               "starts."),
+    Option("--metrics-address", _address, "127.0.0.1", "0.0.0.0", "where the metrics port listens",
+           section="observe", see="observe/metrics.md", value_name="ADDR",
+           doc="A numeric IPv4 or IPv6 address (`0.0.0.0`, `::` for every interface) or `localhost`."),
+    Option("--status-file", _status_file, "auto", "/run/esiwrap/job.json", "where `esiwrap status` finds it",
+           section="observe", see="observe/metrics.md#esiwrap-status", value_name="PATH|auto|none",
+           doc="`auto`: `$XDG_RUNTIME_DIR/esiwrap/<pid>.json`, else `/run/esiwrap/<pid>.json` as "
+               "root, else `/tmp/esiwrap-<uid>/<pid>.json`; `none`: no file. Removed when esiwrap "
+               "exits."),
 )
 
 ALL_RUN_OPTIONS = SOURCE_OPTIONS + RUN_OPTIONS + LOG_OPTIONS + OBSERVE_OPTIONS
@@ -214,7 +316,7 @@ QUIET_NEGATIVES = {"--signal-child", "--local-checkpoints-survive"}  # off by de
 RUN_FLAGS: dict[str, bool] = {
     **{opt.flag: opt.flag not in BOOLEAN_FLAGS for opt in ALL_RUN_OPTIONS},
     **{"--no-" + flag[2:]: False for flag in BOOLEAN_FLAGS},
-    "--help": False, "--version": False,
+    "--help": False, "--help-all": False, "--version": False,
 }
 
 
@@ -302,6 +404,10 @@ def controller_config(values: Mapping[str, Any]) -> ControllerConfig:
 
 
 # ---------------------------------------------------------------------------------- argparse
+HELP_ALL = "--help-all"
+DOCS_URL_HINT = "docs/reference/options.md"  # the options reference, in the repository and on the site
+
+
 class OptionParser(argparse.ArgumentParser):
     """argparse with esiwrap's help layout; a bad command line raises `UsageError` (one line)."""
 
@@ -316,10 +422,24 @@ class OptionParser(argparse.ArgumentParser):
 
 class _Formatter(argparse.HelpFormatter):
     """argparse's help layout, sized without importing shutil: argparse builds a formatter for
-    every option it adds, and shutil brings the compression modules along (start-up time)."""
+    every option it adds, and shutil brings the compression modules along (start-up time). The help
+    column starts far enough right that most flags and their values fit before it."""
 
     def __init__(self, prog: str) -> None:
-        super().__init__(prog, width=_terminal_columns() - 2)
+        width = _terminal_columns() - 2
+        super().__init__(prog, width=width, max_help_position=min(36, width // 2))
+
+    def _format_action_invocation(self, action: argparse.Action) -> str:
+        if isinstance(action, _Switch) and len(action.option_strings) == 2:
+            return "--[no-]" + action.option_strings[0][2:]  # --[no-]final-save
+        return super()._format_action_invocation(action)
+
+
+class _DescribedFormatter(_Formatter):
+    """`--help-all`: each option's text on the lines below it, across the width."""
+
+    def __init__(self, prog: str) -> None:
+        argparse.HelpFormatter.__init__(self, prog, width=_terminal_columns() - 2, max_help_position=8)
 
 
 def _terminal_columns() -> int:
@@ -333,24 +453,67 @@ def _terminal_columns() -> int:
         return 80
 
 
-def add_options(parser: argparse.ArgumentParser, options: Sequence[Option]) -> None:
-    """Each option as a flag whose help names its variable and default; a boolean also as --no-X."""
+class _Switch(argparse.Action):
+    """`--X` and `--no-X` of a boolean option: the value is kept as text ("true"/"false") and parsed
+    like `ESIWRAP_X` would be, so an unset switch stays None (the variable, then the default)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        negative = option_string is not None and option_string.startswith("--no-")
+        setattr(namespace, self.dest, "false" if negative else "true")
+
+
+class _HelpAll(argparse.Action):
+    """`--help-all`: the run options with their descriptions, variables and defaults; exit 0."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        build_run_parser(full=True).print_help()
+        parser.exit()
+
+
+def plain_text(markdown: str) -> str:
+    """A description as a terminal shows it: `code` and [links](page) without their marks."""
+    return re.sub(r"\[([^\]]+)\]\([^)]*\)", r"\1", markdown).replace("`", "")
+
+
+def option_help(opt: Option, *, full: bool) -> str:
+    """The short line (`--help`), or the line, the description, the variable and the default."""
+    if not full:
+        return opt.help.replace("%", "%%")
+    text = f"{opt.help}. {plain_text(opt.doc)} [env {opt.env}; default {opt.default_text}]"
+    return text.replace("%", "%%")
+
+
+def add_options(parser: argparse.ArgumentParser | argparse._ArgumentGroup, options: Sequence[Option],
+                *, full: bool = True) -> None:
+    """Each option as a flag with its help (`full`: also its description, variable and default); a
+    boolean also as --no-X, in the same entry."""
     for opt in options:
-        env_note = f" [env {opt.env}; default {opt.default_text}]"
+        text = option_help(opt, full=full)
         if opt.flag in BOOLEAN_FLAGS:
             negative = "--no-" + opt.flag[2:]
-            parser.add_argument(opt.flag, dest=opt.dest, action="store_const", const="true",
-                                help=opt.help + env_note)
-            parser.add_argument(negative, dest=opt.dest, action="store_const", const="false",
-                                help=argparse.SUPPRESS if opt.flag in QUIET_NEGATIVES else "the opposite")
+            if opt.flag in QUIET_NEGATIVES:  # off by default: --no-X works, but says nothing new
+                parser.add_argument(opt.flag, dest=opt.dest, action=_Switch, help=text)
+                parser.add_argument(negative, dest=opt.dest, action=_Switch, help=argparse.SUPPRESS)
+            else:
+                parser.add_argument(opt.flag, negative, dest=opt.dest, action=_Switch, help=text)
         else:
-            parser.add_argument(opt.flag, dest=opt.dest, metavar=opt.metavar, help=opt.help + env_note)
+            parser.add_argument(opt.flag, dest=opt.dest, metavar=opt.metavar, help=text)
 
 
-def build_run_parser() -> argparse.ArgumentParser:
-    """`esiwrap [OPTIONS] -- COMMAND`: every run option, `--version`, and the command."""
+def build_run_parser(*, full: bool = False) -> argparse.ArgumentParser:
+    """`esiwrap [OPTIONS] -- COMMAND`: every run option in its section's group, `--version`,
+    `--help-all` and the command. `full`: the help `--help-all` prints."""
     parser = OptionParser(
         prog="esiwrap",
+        formatter_class=_DescribedFormatter if full else _Formatter,
         usage="esiwrap [OPTIONS] -- COMMAND [ARGS...]\n"
         "       esiwrap {deadline,report,status,systemd-unit} ...",
         description="Run COMMAND and checkpoint it at the last safe moment before the capacity it "
@@ -358,8 +521,16 @@ def build_run_parser() -> argparse.ArgumentParser:
         "checkpoint (with --upload: and its upload); 74 with --upload, the last checkpoint is complete "
         "on local storage only (its upload did not finish); 76 no acknowledged checkpoint before the "
         "deadline; 2 usage; 126/127 command not executable/not found; 1 esiwrap failed.",
+        epilog="Every option is also a variable, ESIWRAP_<NAME> (--stop-grace 60 is "
+        "ESIWRAP_STOP_GRACE=60); the flag wins. "
+        + ("" if full else f"{HELP_ALL} lists every option with its description, variable and default. ")
+        + f"All of it, with examples: {DOCS_URL_HINT}.",
     )
     parser.add_argument("--version", action="version", version=f"esiwrap {__version__}")
-    add_options(parser, ALL_RUN_OPTIONS)
+    parser.add_argument(HELP_ALL, action=_HelpAll,
+                        help="every option, described, with its variable and default")
+    for section in SECTIONS:
+        group = parser.add_argument_group(section.title, section.summary if full else None)
+        add_options(group, [opt for opt in ALL_RUN_OPTIONS if opt.section == section.key], full=full)
     parser.add_argument("command", nargs=argparse.REMAINDER, help="the training command")
     return parser

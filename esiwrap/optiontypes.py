@@ -1,9 +1,11 @@
 """The run option type and the value parsers every option table uses.
 
 An `Option` is one flag of `esiwrap [OPTIONS] -- COMMAND`: its environment variable
-(`ESIWRAP_<NAME>`), default, example and help, and the parser that turns the text into a value.
-A parser raises `ValueError` with the reason (`esiwrap.options.resolve_options` turns it into one
-line naming the input and an example).
+(`ESIWRAP_<NAME>`), default, example, its one-line help and longer description, the section it is
+listed in, and the parser that turns the text into a value. A parser raises `ValueError` with the
+reason (`esiwrap.options.resolve_options` turns it into one line naming the input and an example).
+The sections are `--help`'s groups and the headings of the options reference
+(`docs/reference/options.md`, written by `scripts/gen_reference.py` from these fields).
 
 Deadline sources declare their own options with these (`esiwrap.deadline.registry`), so this
 module imports nothing of esiwrap's but the names and the duration parser: any module may import it.
@@ -13,11 +15,35 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from esiwrap.deadline.parse import TimeParseError, parse_duration
 from esiwrap.envvars import PREFIX
+
+
+@dataclass(frozen=True)
+class Section:
+    """A group of options: a `--help` group and a heading of the options reference."""
+
+    key: str
+    title: str  # the --help group's title, lower case: "deadline sources"
+    summary: str  # one sentence under it
+    page: str  # the documentation page that explains it, relative to docs/
+
+
+SECTIONS: tuple[Section, ...] = (
+    Section("deadline", "deadline sources",
+            "where the deadline comes from, and each platform's own settings", "deadline-sources.md"),
+    Section("policy", "policy", "when to save: the estimates and reserves the plan is made of", "policy.md"),
+    Section("uploads", "uploads and resumes",
+            "the checkpoint off the instance, and the job's memory across runs", "uploads-and-resumes.md"),
+    Section("stopping", "stopping and signals",
+            "the save signal, SIGTERM, and how the child is stopped", "reference/signals.md"),
+    Section("observe", "logs and metrics",
+            "what esiwrap writes while it runs: logs, metrics, the status file", "observe/index.md"),
+)
+SECTION_KEYS = frozenset(section.key for section in SECTIONS)
 
 
 @dataclass(frozen=True)
@@ -26,9 +52,18 @@ class Option:
     parse: Callable[[str], Any]
     default: Any
     example: str  # a good value, shown after a bad one
-    help: str
+    help: str  # one short line: `--help`, the job's environment file
     choices: tuple[str, ...] = ()
     show: Callable[[Any], str] | None = None  # how the default reads in --help (else str, on/off, ...)
+    section: str = field(default="", kw_only=True)  # a `Section.key`
+    doc: str = field(default="", kw_only=True)  # the longer description (Markdown): --help-all, the reference
+    see: str = field(default="", kw_only=True)  # the docs page (and #anchor) that explains more
+    value_name: str = field(default="", kw_only=True)  # the value's name in --help, if not the default's
+
+    def __post_init__(self) -> None:
+        if self.section not in SECTION_KEYS:
+            msg = f"{self.flag}: section {self.section!r} is not one of {sorted(SECTION_KEYS)}"
+            raise ValueError(msg)
 
     @property
     def dest(self) -> str:
@@ -56,8 +91,10 @@ class Option:
 
     @property
     def metavar(self) -> str:
+        if self.value_name:
+            return self.value_name
         if self.choices:
-            return "{" + ",".join(self.choices) + "}"
+            return "|".join(self.choices)
         if self.parse is seconds:
             return "SECONDS"
         return self.dest.upper()

@@ -300,7 +300,7 @@ def _uploads_and_resume(report: RunReport, events: Sequence[Event]) -> None:
                               reason=e.get("reason") or e.get("error"), stderr=e.get("stderr"))
             report.uploads.append(upload)
         elif name in (ev.RESUMED, ev.RESUME_MISSED) and report.resume is None:
-            report.resume = {"from_checkpoint": name == ev.RESUMED,
+            report.resume = {"from_checkpoint": name == ev.RESUMED, "at": e["timestamp"],
                              **{key: e.get(key) for key in ("checkpoint_step", "start_step",
                                                             "steps_redone", "causes")}}
 
@@ -554,6 +554,7 @@ def _render_run(run: RunReport) -> str:
     out = [f"run {run.run_id}  {run.started_at} -> {_clock(run.ended_at)} ({run.duration_s:g}s), {exit_text}"]
     if run.command:
         out.append(_row("command", " ".join(run.command)))
+    out += _render_resume(run)  # where the run started, before what it did
     out += _render_deadline(run)
     out += _render_saves(run)
     out += _render_steps(run)
@@ -618,16 +619,19 @@ def _render_saves(run: RunReport) -> list[str]:
     return rows
 
 
+def _render_resume(run: RunReport) -> list[str]:
+    """`resumed` / `resume_missed` (a state file names the last durable checkpoint): where it started."""
+    if run.resume is None:
+        return []
+    r = run.resume
+    head = "from the checkpoint" if r["from_checkpoint"] else "RESUME MISSED"
+    text = (f"{head}: started at step {r['start_step']}, the durable checkpoint holds step "
+            f"{r['checkpoint_step']} ({r['steps_redone']} steps redone)")
+    return [_row("resume", text), *(_row("", f"  likely: {cause}") for cause in r.get("causes") or [])]
+
+
 def _render_uploads(run: RunReport) -> list[str]:
     rows = []
-    if run.resume is not None:
-        r = run.resume
-        head = "from the checkpoint" if r["from_checkpoint"] else "RESUME MISSED"
-        text = (f"{head}: started at step {r['start_step']}, the durable checkpoint holds step "
-                f"{r['checkpoint_step']} ({r['steps_redone']} steps redone)")
-        rows.append(_row("resume", text))
-        for cause in r.get("causes") or []:
-            rows.append(_row("", f"  likely: {cause}"))
     for u in run.uploads:
         text = f"step {u['step']} {u['outcome']} in {_num(u['duration_s'])}s, done {_clock(u['at'])}"
         if u["outcome"] == "failed":

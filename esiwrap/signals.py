@@ -1,5 +1,5 @@
-"""Signals: which ones esiwrap uses, forwards or leaves alone (the one list the supervisor and the
-README table follow), and signal names as they travel between esiwrap and the trainer
+"""Signals: which ones esiwrap uses, forwards or leaves alone (the one list the supervisor and
+docs/reference/signals.md follow), and signal names as they travel between esiwrap and the trainer
 (`ESIWRAP_SIGNAL`, a hello's `stop_signal`). Standard library only (and `esiwrap.envvars`): loaded
 in every hooked Ray worker.
 

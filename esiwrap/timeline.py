@@ -36,6 +36,25 @@ COLORS = {
     "kill": "#d62728", "own save": "#8c8c8c", "warning": "#ff7f0e", "text": "#222222", "muted": "#666666",
     "grid": "#e6e6e6", "upload": "#17becf",
 }
+SIGNAL_LABEL_SIZE = 10
+SIGNAL_ROW_PX = 15  # one row of signal labels
+SIGNAL_LANE_MIN = 58  # the signals lane grows beyond this when its labels need more rows
+# DejaVu Sans (the font named first) advance widths in em, for the characters labels hold: a label's
+# width is known before it is drawn, so two labels can be kept apart. Other fonts of the list are
+# narrower; a character not listed counts as 1 em.
+_EM_WIDTHS = {
+    **dict.fromkeys("'", 0.275), **dict.fromkeys("ijl", 0.278), **dict.fromkeys("IJ", 0.295),
+    **dict.fromkeys(" ,.·", 0.318), **dict.fromkeys("/:;\\|", 0.337), "f": 0.352, "-": 0.361,
+    **dict.fromkeys("()[]", 0.39), "t": 0.392, "!": 0.401, "r": 0.411, '"': 0.46,
+    **dict.fromkeys("*_`", 0.5), "s": 0.521, "z": 0.525, "?": 0.531, "c": 0.55, "L": 0.557, "F": 0.575,
+    "k": 0.579, **dict.fromkeys("vxy", 0.592), "P": 0.603, **dict.fromkeys("TY", 0.611), "o": 0.612,
+    "a": 0.613, "e": 0.615, "E": 0.632, **dict.fromkeys("hnu", 0.634), **dict.fromkeys("Sbdgpq", 0.635),
+    **dict.fromkeys("$0123456789{}", 0.636), "K": 0.656, **dict.fromkeys("AV", 0.684),
+    **dict.fromkeys("XZ", 0.685), "B": 0.686, "R": 0.695, "C": 0.698, "U": 0.732, "N": 0.748, "H": 0.752,
+    **dict.fromkeys("◇▼", 0.769), "D": 0.77, "G": 0.775, "&": 0.78, **dict.fromkeys("OQ", 0.787),
+    "w": 0.818, **dict.fromkeys("#+<=>^~→−✓×", 0.838), "M": 0.863, "●": 0.873, "%": 0.95, "m": 0.974,
+    "W": 0.989,
+}
 OFF_SCALE = 1.5  # a deadline later than the end by more than 1.5 times the run: drawn at the edge
 _DRAWN_ELSEWHERE = frozenset({ev.DEADLINE_CHANGED})  # warnings the deadline lane already shows
 MAX_STEP_RECTS = 1500  # beyond this, the training band is one bar with step numbers on it
@@ -162,6 +181,18 @@ def _pids(value: Any) -> str:
 
 
 # ---------------------------------------------------------------------- drawing
+@dataclass
+class SignalLabel:
+    """One label of the signals lane: the marks it names (those a few pixels apart share one),
+    and where it goes: its row and horizontal span, chosen before anything is drawn."""
+
+    marks: list[tuple[float, str, str, str]]
+    text: str
+    row: int
+    left: float
+    right: float
+
+
 class Canvas:
     """SVG elements of one run's picture, with the time-to-x mapping."""
 
@@ -173,11 +204,14 @@ class Canvas:
         latest = max([facts.end, *(m.at for m in facts.deadlines if self._on_scale(m.at))])
         span = max(latest - self.t0, 1.0)
         self.t1 = latest + span * 0.02
+        self.signal_labels = _layout_signal_labels(self)  # the signals lane is as tall as they need
+        rows = 1 + max((label.row for label in self.signal_labels), default=0)
+        heights = {**dict(LANES), "signals": max(SIGNAL_LANE_MIN, 33 + (rows - 1) * SIGNAL_ROW_PX)}
         self.lanes: dict[str, tuple[float, float]] = {}
         y = top + HEADER
-        for name, height in LANES:
-            self.lanes[name] = (y, y + height)
-            y += height + LANE_GAP
+        for name, _ in LANES:
+            self.lanes[name] = (y, y + heights[name])
+            y += heights[name] + LANE_GAP
         self.bottom = y
         self.height = y + AXIS - top
 
@@ -218,6 +252,7 @@ def _draw(c: Canvas) -> None:
     _lanes(c)
     _axis(c)
     _training(c)
+    _resume(c)
     _at_risk(c)
     _saves(c)
     _signal_marks(c)
@@ -234,6 +269,9 @@ def _header(c: Canvas) -> None:
     line = (f"run {run.run_id} · {_clock(c.facts.start)} → {_clock(c.facts.end)} UTC "
             f"({_dur(run.duration_s)}) · {saved} of {len(run.saves)} requested saves completed · "
             f"work at risk {_dur(run.work_at_risk.get('seconds'))}")
+    if run.resume is not None:
+        line += (f" · resumed at step {run.resume.get('start_step')}" if run.resume["from_checkpoint"]
+                 else f" · RESUME MISSED ({run.resume.get('steps_redone')} steps redone)")
     if run.command:
         line += " · " + " ".join(run.command)
     c.add(_text(16, c.top + 44, _short(line, 180), size=12, fill=COLORS["muted"], cls="subtitle"))
@@ -285,6 +323,31 @@ def _training(c: Canvas) -> None:
     else:
         c.add(_text((LEFT + WIDTH - RIGHT) / 2, (y0 + y1) / 2 + 4, "no trainer attached", anchor="middle",
                     fill=COLORS["muted"], cls="no-training"))
+
+
+def _resume(c: Canvas) -> None:
+    """Where the run started, when a state file named the job's last durable checkpoint
+    (`resumed`, `resume_missed`): a tick at the trainer's first step and what it started from."""
+    resume = c.facts.run.resume
+    if resume is None or not isinstance(resume.get("at"), str):
+        return
+    y0, y1 = c.lanes["training"]
+    x = c.x(iso_epoch(resume["at"]))
+    if resume["from_checkpoint"]:
+        text, color = f"resumed at step {resume.get('start_step')} ✓", COLORS["completed"]
+    else:
+        text = (f"RESUME MISSED: started at step {resume.get('start_step')}, the checkpoint holds step "
+                f"{resume.get('checkpoint_step')} ({resume.get('steps_redone')} steps redone)")
+        color = COLORS["deadline"]
+    width = text_width(text, 10)
+    left = x + 5 if x + 5 + width <= WIDTH - 4 else max(LEFT + 2, x - 5 - width)
+    c.add(f'<g class="resume" data-start-step="{_esc(str(resume.get("start_step")))}" '
+          f'data-from-checkpoint="{str(bool(resume["from_checkpoint"])).lower()}">'
+          f'<title>{_esc(text)}</title>'
+          f'<line x1="{x:.1f}" y1="{y0 + 4:.1f}" x2="{x:.1f}" y2="{y1 - 4:.1f}" stroke="{color}" '
+          f'stroke-width="2.5"/>'
+          + _text(left, (y0 + y1) / 2 + 4, text, size=10, fill=color, weight="bold", cls="resume-label")
+          + "</g>")
 
 
 def _at_risk(c: Canvas) -> None:
@@ -382,30 +445,51 @@ def _save_title(save: SaveMark) -> str:
     return "; ".join(parts)
 
 
-def _signal_marks(c: Canvas) -> None:
-    """Each signal and exit as a mark, and each warning: marks closer than a few pixels share
-    one label, right of the mark or else left of it, in the first row where it crosses no other
-    label and no other mark's line."""
-    y0, y1 = c.lanes["signals"]
-    rows = LabelRows(3)
+def text_width(text: str, size: float) -> float:
+    """The width `text` takes at `size` px in DejaVu Sans (the font named first)."""
+    return size * sum(_EM_WIDTHS.get(ch, 1.0) for ch in text)
+
+
+def _layout_signal_labels(c: Canvas) -> list[SignalLabel]:
+    """Where each label of the signals lane goes; two labels never overlap. Marks closer than a
+    few pixels share one label. A label goes right of its mark or else left of it (or, with no
+    room on either side, as near as fits inside the picture), in the first row where it overlaps
+    no other label and crosses no other mark's line; else in the first row where it overlaps no
+    label; else in a new row (the lane grows)."""
     marks = [*c.facts.signals, *((at, "warning", name, "") for at, name in c.facts.warnings)]
+    rows = LabelRows(3)
     for at, _, _, _ in marks:
         rows.block(c.x(at))
+    labels = []
     for cluster in _clusters(c, marks, 12.0):
-        shapes = [_signal_shape(c.x(at), y0, y1, kind) for at, kind, _, _ in cluster]
-        label = " · ".join(label for _, _, label, _ in cluster)
-        x = c.x(cluster[0][0])
-        x_last = c.x(cluster[-1][0])
-        color = COLORS.get(cluster[0][1], COLORS["stop"])
-        width = len(label) * 6.0
+        text = " · ".join(label for _, _, label, _ in cluster)
+        x_first, x_last = c.x(cluster[0][0]), c.x(cluster[-1][0])
+        width = text_width(text, SIGNAL_LABEL_SIZE)
         right = (x_last + 6, x_last + 6 + width)
-        left = (x - 6 - width, x - 6)
-        sides = [side for side in (right, left) if side[0] >= LEFT and side[1] <= WIDTH - 4] or [left]
-        row, (start, _) = rows.place_first([(r, side) for r in range(2) for side in sides] +
-                                           [(2, side) for side in sides])
-        text = _text(start, y0 + 14 + row * 15, label, size=10, fill=color, cls="signal-label")
-        titles = "; ".join(f"{label}{f' ({detail})' if detail else ''} at {_clock(at, ms=True)}"
-                           for at, _, label, detail in cluster)
+        left = (x_first - 6 - width, x_first - 6)
+        sides = [side for side in (right, left) if side[0] >= LEFT + 2 and side[1] <= WIDTH - 4]
+        if not sides:  # too wide for either side: inside the picture, as near the mark as it fits
+            start = min(max(LEFT + 2, x_first - width / 2), WIDTH - 4 - width)
+            sides = [(start, start + width)]
+        row, (start, end) = rows.place_apart(sides)
+        labels.append(SignalLabel(cluster, text, row, start, end))
+    return labels
+
+
+def _signal_marks(c: Canvas) -> None:
+    """Each signal and exit as a mark, and each warning, with the labels laid out by
+    `_layout_signal_labels`."""
+    y0, y1 = c.lanes["signals"]
+    for label in c.signal_labels:
+        cluster = label.marks
+        shapes = [_signal_shape(c.x(at), y0, y1, kind) for at, kind, _, _ in cluster]
+        color = COLORS.get(cluster[0][1], COLORS["stop"])
+        text = _text(label.left, y0 + 14 + label.row * SIGNAL_ROW_PX, label.text, size=SIGNAL_LABEL_SIZE,
+                     fill=color, cls="signal-label")
+        # a halo of the lane's colour: a label that had to cross another mark's line stays legible
+        text = text.replace("<text ", '<text stroke="#fafafa" stroke-width="3" paint-order="stroke" ', 1)
+        titles = "; ".join(f"{text}{f' ({detail})' if detail else ''} at {_clock(at, ms=True)}"
+                           for at, _, text, detail in cluster)
         kinds = " ".join(sorted({f"signal-{kind}" for _, kind, _, _ in cluster}))
         c.add(f'<g class="signal-mark {kinds}"><title>{_esc(titles)}</title>{"".join(shapes)}{text}</g>')
 
@@ -449,9 +533,24 @@ class LabelRows:
     def block(self, x: float) -> None:
         self.blocked.append(x)
 
+    def clear_of_labels(self, row: int, left: float, right: float) -> bool:
+        return all(right + self.GAP < a or left - self.GAP > b for a, b in self.rows[row])
+
     def fits(self, row: int, left: float, right: float) -> bool:
-        return all(right + self.GAP < a or left - self.GAP > b for a, b in self.rows[row]) and \
+        return self.clear_of_labels(row, left, right) and \
             not any(left - 1 <= x <= right + 1 for x in self.blocked)
+
+    def place_apart(self, spans: Sequence[tuple[float, float]]) -> tuple[int, tuple[float, float]]:
+        """The first row and span (in the order given) that crosses neither a label nor a blocked
+        x, else the first that only crosses blocked x, else a new row: never over another label."""
+        rows = range(len(self.rows))
+        chosen = next(((r, span) for r in rows for span in spans if self.fits(r, *span)), None) or \
+            next(((r, span) for r in rows for span in spans if self.clear_of_labels(r, *span)), None)
+        if chosen is None:
+            self.rows.append([])
+            chosen = (len(self.rows) - 1, spans[0])
+        self.rows[chosen[0]].append(chosen[1])
+        return chosen
 
     def place(self, left: float, right: float) -> int:
         """The first row it fits in (else the row with the fewest labels); taken from now on."""

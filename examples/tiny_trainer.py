@@ -98,8 +98,10 @@ def main(argv: list[str]) -> int:
     checkpoint = args.ckpt_dir / LATEST
     start = load_checkpoint(checkpoint, model, optimizer)
     print(f"tiny_trainer: starting at step {start}", flush=True)
-    # esiwrap; the size and the directory are optional: esiwrap plans the first save from them
-    esi.install(checkpoint_bytes=esi.checkpoint_bytes(model, optimizer, frozen), checkpoint_dir=args.ckpt_dir)
+    # esiwrap; all three are optional: esiwrap plans the first save from the size and the directory's
+    # speed, and measures the checkpoint this run resumed from
+    esi.install(checkpoint_bytes=esi.checkpoint_bytes(model, optimizer, frozen), checkpoint_dir=args.ckpt_dir,
+                resumed_from=checkpoint if start else None)
     loss_value = float("nan")
     for step in range(start + 1, args.steps + 1):
         began = time.monotonic()

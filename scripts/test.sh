@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 python3 -m venv .venv
 # torch first and pinned: the CPU wheel; anything unpinned could pull a multi-GB CUDA build
 .venv/bin/pip install --quiet --disable-pip-version-check torch==2.13.0
-.venv/bin/pip install --quiet --disable-pip-version-check -e '.[test,verl,hf,lightning]'
+.venv/bin/pip install --quiet --disable-pip-version-check -e '.[test,verl,hf,lightning,docs]'
 # systemd-analyze checks the shipped unit (tests/test_systemd_unit.py); tests/test_systemd_real.py
 # runs the installed systemd as PID 1 of a private namespace (unshare, nsenter, setpriv, mount from
 # util-linux); PID 1 of this machine need not be systemd. Chromium renders `esiwrap report --html`

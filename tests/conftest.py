@@ -32,7 +32,7 @@ freezegun.configure(extend_ignore_list=[
     "ray", "verl", "numpy", "safetensors", "tokenizers", "huggingface_hub",
 ])
 
-# esiwrap keeps what its caller ignored (README: signals). A suite started as a background job of
+# esiwrap keeps what its caller ignored (docs/reference/signals.md). A suite started as a background job of
 # a shell without job control inherits SIGINT and SIGQUIT ignored, and every esiwrap it starts
 # would too: tests that need them (a second SIGINT, a Ray driver stopped with SIGINT) start from
 # the defaults a terminal gives. Tests of the ignored case set it up themselves (nohup, sh -c '&').

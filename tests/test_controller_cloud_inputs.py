@@ -97,7 +97,7 @@ def test_the_last_deadline_withdrawn_leaves_none() -> None:
 
 def test_a_node_that_left_keeps_the_last_deadline() -> None:
     """Unlike a cancelled event, a Ray node that left is no news about the end: with no other
-    deadline known, the last one stays (README: Several nodes)."""
+    deadline known, the last one stays (docs: Several nodes)."""
     d = trained(Driver())
     d.deadline(900, source="node:1a2b3c4d/azure")
     d.feed(core.DeadlineAnswers((Answer("node:1a2b3c4d/azure", reason="the node left the cluster",

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import shlex
+import subprocess
 from pathlib import Path
 
+import pytest
 import torch
-from esiwrap_harness import PYTHON, TINY_TRAINER
+from esiwrap_harness import PYTHON, ROOT, TINY_TRAINER
 
 from esiwrap.errors import EXIT_CHECKPOINTED
 
@@ -56,3 +58,43 @@ def test_the_tiny_trainers_documented_command_runs_clean(esiwrap, tmp_path: Path
     noisy = [e for e in run.events if e["level"] in ("warning", "error")]
     assert noisy == [], noisy
     assert (tmp_path / "demo-checkpoints" / "latest.pt").exists()
+
+
+def demo_command() -> list[str]:
+    """The esiwrap command of scripts/demo.sh, as written (its continued lines joined)."""
+    script = (ROOT / "scripts" / "demo.sh").read_text().replace("\\\n", " ")
+    line = next(line.strip() for line in script.splitlines()
+                if line.strip().startswith(".venv/bin/esiwrap --"))
+    return shlex.split(line)[1:]
+
+
+@pytest.mark.timeout(480)  # two runs to their deadline, each importing torch (slow on a busy node)
+def test_the_demo_twice_shows_the_resume_verified(esiwrap, tmp_path: Path) -> None:
+    """scripts/demo.sh's own command, run twice (a shorter deadline given the way the script
+    passes extra options): the second run loads the state file the first wrote next to the
+    checkpoint, logs `resumed` from the first run's last checkpoint, and `esiwrap report` of the
+    demo's log says where it started."""
+    assert "mkdir -p demo-checkpoints" in (ROOT / "scripts" / "demo.sh").read_text()
+    (tmp_path / "demo-checkpoints").mkdir()
+    words = demo_command()
+    extra = words.index('"$@"') if '"$@"' in words else words.index("$@")
+    split = words.index("--")
+    command = [PYTHON if w == ".venv/bin/python" else str(TINY_TRAINER) if w.endswith("tiny_trainer.py")
+               else w for w in words[split + 1:]]
+    given = ["--log-format", "json", "--deadline", "+45s", "--redundant-time", "10"]
+    args = [*words[:extra], *given, *words[extra + 1:split], "--", *command]
+    first = esiwrap(*args, cwd=tmp_path)
+    assert first.finish(timeout=150) == EXIT_CHECKPOINTED, first.names()
+    checkpoint = first.first("supervisor_exit")["checkpoint_step"]
+    assert first.first("state_loaded").get("note")  # no state file yet: the job's first run
+    second = esiwrap(*args, cwd=tmp_path)
+    assert second.finish(timeout=150) == EXIT_CHECKPOINTED, second.names()
+    assert second.first("state_loaded")["checkpoint_step"] == checkpoint
+    resumed = second.first("resumed")
+    assert resumed["start_step"] == resumed["checkpoint_step"] == checkpoint and resumed["steps_redone"] == 0
+    log = tmp_path / "demo-checkpoints" / "esiwrap.jsonl"
+    done = subprocess.run([PYTHON, "-m", "esiwrap", "report", "--last", str(log)], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert (f"resume    from the checkpoint: started at step {checkpoint}, the durable checkpoint holds "
+            f"step {checkpoint} (0 steps redone)") in done.stdout

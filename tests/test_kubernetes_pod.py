@@ -1,4 +1,4 @@
-"""The README's Kubernetes Job and SkyPilot task, as far as this machine allows: the Job's
+"""The documented Kubernetes Job and SkyPilot task (docs/platforms/), as far as this machine allows: the Job's
 container command and environment run as PID 1 of a PID namespace (`unshare --pid --fork
 --mount-proc`, as a container runtime starts it), the kubelet's SIGTERM is a checkpoint and an
 exit 75 inside `terminationGracePeriodSeconds`, and that exit is the one the Job's
@@ -18,19 +18,21 @@ from test_container import AS_PID_1, pid_1_on_the_host
 
 from esiwrap.errors import EXIT_CHECKPOINTED, EXIT_USAGE
 
+PAGES = {"kubernetes-job": "kubernetes.md", "skypilot-task": "skypilot.md"}
 
-def readme_yaml(marker: str) -> Any:
-    """The YAML block that follows `<!-- marker` in the README."""
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
+
+def docs_yaml(marker: str) -> Any:
+    """The YAML block that follows `<!-- marker` in its platform page."""
+    text = (ROOT / "docs" / "platforms" / PAGES[marker]).read_text(encoding="utf-8")
     after = text.split(f"<!-- {marker}", 1)[1]
     return yaml.safe_load(after.split("```yaml\n", 1)[1].split("```", 1)[0])
 
 
-def test_the_readmes_job_checkpoints_on_sigterm_within_its_grace_period(tmp_path: Path) -> None:
+def test_the_documented_job_checkpoints_on_sigterm_within_its_grace_period(tmp_path: Path) -> None:
     """The Job's container, its `python train.py` standing in for the tiny trainer: as PID 1,
     the SIGTERM the kubelet sends is a save, then exit 75 well before the grace period's SIGKILL;
     the declared stop budget is the pod's grace period and holds the checkpoint."""
-    job = readme_yaml("kubernetes-job")
+    job = docs_yaml("kubernetes-job")
     pod = job["spec"]["template"]["spec"]
     container = pod["containers"][0]
     grace_s = float(pod["terminationGracePeriodSeconds"])
@@ -71,10 +73,10 @@ def job_action(job: dict[str, Any], code: int) -> str | None:
     return None
 
 
-def test_the_readmes_skypilot_task_recovers_on_exit_75() -> None:
+def test_the_documented_skypilot_task_recovers_on_exit_75() -> None:
     """The task's keys are SkyPilot's own (resources.job_recovery: strategy,
     max_restarts_on_errors, recover_on_exit_codes) and 75 is among the codes it recovers on."""
-    task = readme_yaml("skypilot-task")
+    task = docs_yaml("skypilot-task")
     recovery = task["resources"]["job_recovery"]
     assert set(recovery) <= {"strategy", "max_restarts_on_errors", "recover_on_exit_codes"}
     assert EXIT_CHECKPOINTED in recovery["recover_on_exit_codes"]

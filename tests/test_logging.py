@@ -31,7 +31,7 @@ def test_every_json_line_has_the_contract_fields(esiwrap) -> None:
 
 def test_the_command_sees_the_run_id_socket_and_save_signal(esiwrap) -> None:
     """The command's environment names the run (`ESIWRAP_RUN_ID`, the `run_id` of the log), the
-    channel (`ESIWRAP_SOCKET`) and the save signal (`ESIWRAP_SIGNAL`), as README says."""
+    channel (`ESIWRAP_SOCKET`) and the save signal (`ESIWRAP_SIGNAL`), as docs/trainer.md says."""
     show = 'echo "run=$ESIWRAP_RUN_ID signal=$ESIWRAP_SIGNAL socket=${ESIWRAP_SOCKET:+set}"'
     run = esiwrap("--signal", "SIGUSR2", "--", "sh", "-c", show)
     assert run.finish(timeout=30) == 0

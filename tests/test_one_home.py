@@ -16,6 +16,7 @@ from esiwrap.options import ALL_RUN_OPTIONS
 from esiwrap.snapshot import PHASES
 
 PACKAGE = Path(envvars.__file__).resolve().parent
+DOCS = PACKAGE.parent / "docs"
 SITECUSTOMIZE = PACKAGE / "_bootstrap" / "sitecustomize.py"
 ENV_NAME = re.compile(r"ESIWRAP_[A-Z0-9_]*")
 
@@ -140,16 +141,21 @@ def test_every_event_is_emitted_somewhere() -> None:
     count): no event is documented that nothing writes."""
     emitted = set().union(*(event_constants_used(tree)
                             for _, tree in package_sources(*READERS, PACKAGE / "events.py")))
-    constants = {name for name, value in vars(events).items() if name.isupper() and value in events.ALL}
+    constants = {name for name, value in vars(events).items()
+                 if name.isupper() and isinstance(value, str) and value in events.ALL}
     assert constants - emitted == set()
 
 
-def test_every_event_is_in_the_readmes_logs_table() -> None:
-    """README.md's Logs table has a row for each event, and no row for an event that is not one."""
-    readme = (PACKAGE.parent / "README.md").read_text(encoding="utf-8")
-    table = readme.split("\n## Logs\n", 1)[1].split("\n## ", 1)[0]
-    rows = set(re.findall(r"^\| `([a-z_]+)`", table, re.MULTILINE))
-    assert rows == set(events.ALL)
+def test_every_event_has_its_description_and_a_row_in_the_events_reference() -> None:
+    """Each event is declared with a topic, when it is logged and its fields; the events
+    reference (docs/reference/events.md, generated from them) has one row for each event and
+    none for an event that is not one."""
+    assert set(events.DOCS) == events.ALL
+    for doc in events.DOCS.values():
+        assert doc.topic in events.TOPICS and doc.when.strip() and doc.fields.strip(), doc
+    page = (DOCS / "reference" / "events.md").read_text(encoding="utf-8")
+    rows = re.findall(r"^\| `([a-z_]+)`", page, re.MULTILINE)
+    assert sorted(rows) == sorted(events.ALL)
 
 
 def message_constants_used(tree: ast.Module) -> set[str]:
@@ -190,10 +196,10 @@ def test_every_known_message_is_handled_and_the_channel_takes_no_other() -> None
     assert channel.decode(b'{"type": "hullo", "pid": 42}') is None
 
 
-def readme_module_map() -> list[str]:
-    """The files named in README.md's module map (its fenced tree), as paths under esiwrap/."""
-    readme = (PACKAGE.parent / "README.md").read_text(encoding="utf-8")
-    section = readme.split("\n### Module map\n", 1)[1]
+def module_map() -> list[str]:
+    """The files named in the design page's module map (its fenced tree), as paths under esiwrap/."""
+    design = (DOCS / "design.md").read_text(encoding="utf-8")
+    section = design.split("\n## Module map\n", 1)[1]
     tree = section.split("```\n", 2)[1]
     named, folders = [], []
     for line in tree.splitlines()[1:]:  # the first line is esiwrap/ itself
@@ -209,10 +215,10 @@ def readme_module_map() -> list[str]:
     return named
 
 
-def test_the_readmes_module_map_matches_the_tree() -> None:
-    """README's "Development" section names every module file of the package once, and no module
+def test_the_module_map_matches_the_tree() -> None:
+    """docs/design.md's module map names every module file of the package once, and no module
     that does not exist."""
-    named = readme_module_map()
+    named = module_map()
     actual = sorted(str(path.relative_to(PACKAGE)) for path in PACKAGE.rglob("*.py"))
     assert len(named) == len(set(named))
     assert sorted(named) == actual

@@ -2,7 +2,7 @@
 PID 1 of a PID namespace (`unshare --pid --fork --mount-proc`) where the scenario is about PID 1.
 Written for esiwrap from what those suites check (their code is not used).
 
-What esiwrap does differently, by design and as the README documents ("In a container"), is not
+What esiwrap does differently, by design and as docs/running/container.md documents, is not
 re-run as if it were the same: SIGUSR1 (the save signal) and SIGTERM (the checkpoint) are esiwrap's
 own, faults (SIGSEGV, …) end esiwrap instead of being forwarded, the child runs in its own session
 (no controlling terminal), signals go to the child's PID and never to its group, and SIGTSTP never

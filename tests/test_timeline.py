@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +45,8 @@ def moved_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
     items = {"/latest/instance_id": INSTANCE_ID, "/latest/region_id": REGION}
     with FakeMetadata(items) as imds, FakeVolcengineApi() as api:
         api.add_instance(INSTANCE_ID, SCHEDULED_ID, expired_at=rfc3339_in(86400))
-        api.set_release(SCHEDULED_ID, rfc3339_in(40))  # on the picture's scale, beyond the run's end
+        release_at = time.time() + 60  # on the picture's scale, beyond the run's end
+        api.set_release(SCHEDULED_ID, rfc3339_in(release_at - time.time()))
         env = {**CREDENTIALS, "ESIWRAP_METADATA_URL": imds.url, "ESIWRAP_VOLCENGINE_ENDPOINT": api.url}
         run = EsiwrapRun([
             "--sources", "volcengine,volcengine-spot", "--refresh", "1", "--redundant-time", "6",
@@ -53,7 +56,8 @@ def moved_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
         try:
             run.wait_event("deadline_resolved", timeout=30, source="volcengine")
             run.wait_for(lambda e: e["event"] == "step_observed" and e.get("step", 0) >= 5, 90, "step 5")
-            imds.set(SPOT_ITEM, rfc3339_in(20))
+            # earlier than the release however long torch took to start on a busy node: the notice moves it
+            imds.set(SPOT_ITEM, rfc3339_in(min(20.0, release_at - time.time() - 8)))
             run.wait_event("deadline_changed", timeout=30, source="volcengine-spot")
             code = run.finish(timeout=90)
         finally:
@@ -173,6 +177,87 @@ def test_timeline_page_renders_the_run_in_chromium(moved_run: Run, tmp_path: Pat
         assert max(blue.share_of(COLORS["step_a"]), blue.share_of(COLORS["step_b"])) > 0.8
 
 
+def crowded_end(run_id: str, length_s: float, gaps_s: tuple[float, float, float]) -> list[dict[str, Any]]:
+    """A run whose end is crowded in the signals lane: an insurance save, then the final save's
+    signal to two pids, a warning, the stop signal, SIGKILL to what was left and both exits,
+    `gaps_s` apart (the spacing a real stop has: a few seconds, or less)."""
+    start = 1796000000.0
+    events: list[dict[str, Any]] = []
+
+    def log(t: float, name: str, level: str = "info", **fields: Any) -> None:
+        stamp = datetime.fromtimestamp(start + t, timezone.utc).isoformat(timespec="milliseconds")
+        events.append({"timestamp": stamp.replace("+00:00", "Z"), "level": level, "event": name,
+                       "run_id": run_id, **fields})
+
+    log(0, "child_started", pid=4250, argv=["python", "train.py"], host="vm", settings={})
+    log(0.01, "deadline_resolved", source="cli", deadline=datetime.fromtimestamp(
+        start + length_s + 4, timezone.utc).isoformat().replace("+00:00", "Z"), remaining_s=length_s + 4)
+    log(2, "trainer_attached", pid=4250, rank=0, saves=True)
+    t = length_s - sum(gaps_s) - 1
+    for kind, at, step in (("insurance", t - 20, 10), ("final", t, 20)):
+        log(at, "save_requested", reason="deadline", kind=kind, remaining_s=length_s - at, signal="SIGUSR1",
+            pids=[4250, 4251])
+        log(at + 0.2, "save_started", step=step, pid=4250, requested=True)
+        log(at + 0.3, "save_completed", step=step, kind=kind, duration_s=0.1, path="/ckpt",
+            remaining_s=length_s - at, requested=True)
+    log(t + gaps_s[0] / 2, "stop_budget_too_small", level="warning", budget_s=10, needed_s=40, fix="raise it")
+    t += gaps_s[0]
+    log(t, "child_stopping", signal="SIGTERM", grace_s=30, reason="checkpoint complete")
+    t += gaps_s[1]
+    log(t, "child_killed", signal="SIGKILL", pids=[4251, 4252, 4253])
+    t += gaps_s[2]
+    log(t, "child_exited", pid=4250, code=None, signal="SIGTERM")
+    log(t + 0.05, "supervisor_exit", code=75, reason="checkpoint complete", last_step=20, checkpoint_step=20)
+    return events
+
+
+SIGNAL_LABELS = """
+(() => {
+  const box = el => {
+    const b = el.getBoundingClientRect();
+    return {x: b.left, y: b.top, w: b.width, h: b.height};
+  };
+  return Array.from(document.querySelectorAll('svg g.run')).map(run => ({
+    run: run.dataset.runId,
+    svg: box(run.ownerSVGElement),
+    lane: box(run.querySelector('rect.lane-signals')),
+    labels: Array.from(run.querySelectorAll('text.signal-label'))
+      .map(t => ({text: t.textContent, ...box(t)})),
+  }));
+})()
+"""
+
+
+def test_signal_labels_a_few_seconds_apart_never_overlap(tmp_path: Path) -> None:
+    """Signals a few seconds (or less) apart at the end of runs from 30 s to an hour long: as
+    Chromium renders them, no two labels of the signals lane share a pixel, and each lies inside
+    its lane and the picture (the lane grows when the labels need more rows)."""
+    spacings = [(30, (0.5, 0.5, 0.5)), (60, (1, 1, 1)), (60, (2, 3, 2)), (120, (4, 1, 3)), (600, (3, 3, 3)),
+                (3600, (2, 2, 2))]
+    log, page_file = tmp_path / "crowded.jsonl", tmp_path / "crowded.html"
+    lines = [json.dumps(e) for i, (length, gaps) in enumerate(spacings)
+             for e in crowded_end(f"crowded{i:05d}", length, gaps)]
+    log.write_text("\n".join(lines) + "\n")
+    done = subprocess.run([PYTHON, "-m", "esiwrap", "report", str(log), "--html", str(page_file)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    with Chromium(tmp_path) as browser:
+        runs = browser.open(page_file.as_uri()).evaluate(SIGNAL_LABELS)
+    assert len(runs) == len(spacings)
+    for run in runs:
+        labels = run["labels"]
+        named = " ".join(label["text"] for label in labels)
+        assert all(word in named for word in ("SIGUSR1", "SIGTERM", "SIGKILL", "esiwrap: exit 75")), named
+        clashes = [(a["text"], b["text"], overlap(a, b)) for i, a in enumerate(labels)
+                   for b in labels[i + 1:] if overlap(a, b) > 0]
+        assert clashes == [], (run["run"], clashes)
+        lane, svg = run["lane"], run["svg"]
+        for label in labels:
+            where = (run["run"], label)
+            assert lane["y"] <= label["y"] and label["y"] + label["h"] <= lane["y"] + lane["h"], where
+            assert svg["x"] <= label["x"] and label["x"] + label["w"] <= svg["x"] + svg["w"], where
+
+
 SVG = "{http://www.w3.org/2000/svg}"
 PLAIN_RUN = [
     {"event": "child_started", "pid": 7, "argv": ["python", "train.py", "--name", "<a & b>"]},
@@ -224,3 +309,22 @@ def test_unwritable_output_is_one_line(tmp_path: Path) -> None:
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert done.stderr.strip().startswith(f"esiwrap: {tmp_path / 'no' / 'x.html'}: No such file or directory")
+
+
+def test_a_resumed_run_says_where_it_started(tmp_path: Path) -> None:
+    """A run whose trainer started from the state file's checkpoint (`resumed`) is marked in the
+    training lane and in the subtitle with its start step; one that started further back
+    (`resume_missed`) is marked as a missed resume, with the steps redone."""
+    resumed = {"event": "resumed", "checkpoint_step": 54, "start_step": 54, "steps_redone": 0}
+    root = svg_of([*PLAIN_RUN[:2], resumed, *PLAIN_RUN[2:]], tmp_path)
+    (mark,) = [g for g in root.iter(f"{SVG}g") if g.get("class") == "resume"]
+    assert mark.get("data-start-step") == "54" and mark.get("data-from-checkpoint") == "true"
+    texts = [t.text or "" for t in root.iter(f"{SVG}text")]
+    assert "resumed at step 54 ✓" in texts and any("resumed at step 54" in t for t in texts if "run r1" in t)
+    missed = {"event": "resume_missed", "checkpoint_step": 54, "start_step": 0, "steps_redone": 54,
+              "causes": ["trainer.resume_mode is disable"]}
+    root = svg_of([*PLAIN_RUN[:2], missed, *PLAIN_RUN[2:]], tmp_path)
+    (mark,) = [g for g in root.iter(f"{SVG}g") if g.get("class") == "resume"]
+    assert mark.get("data-from-checkpoint") == "false"
+    texts = [t.text or "" for t in root.iter(f"{SVG}text")]
+    assert any(t.startswith("RESUME MISSED: started at step 0") and "54 steps redone" in t for t in texts)

@@ -12,11 +12,19 @@ from esiwrap.optiontypes import Option, boolean, metadata_url
 METADATA_URL_DEFAULT = "http://169.254.169.254"
 
 NAMES: tuple[str, ...] = ("azure",)
-METADATA_URL = Option("--azure-metadata-url", metadata_url, METADATA_URL_DEFAULT, METADATA_URL_DEFAULT,
-                      "Azure instance metadata service (azure: Scheduled Events)")
-ACK = Option("--azure-ack", boolean, False, "true",
-             "azure: once the run stopped with a complete checkpoint, approve this VM's scheduled "
-             "events so a reboot or redeploy starts without waiting for NotBefore")
+PAGE = "platforms/azure.md"
+METADATA_URL = Option(
+    "--azure-metadata-url", metadata_url, METADATA_URL_DEFAULT, METADATA_URL_DEFAULT,
+    "Azure instance metadata service", section="deadline", see=PAGE, value_name="URL",
+    doc="Where `azure` reads this VM's name and priority and polls its Scheduled Events, with the "
+        "header `Metadata: true`. Plain HTTP.")
+ACK = Option(
+    "--azure-ack", boolean, False, "true", "approve Azure events after a checkpoint",
+    section="deadline", see=PAGE + "#azure-ack",
+    doc="Once the run stopped with a complete checkpoint (exit 75, the child's tree gone), approve "
+        "this VM's pending scheduled events (`StartRequests`), so a reboot or redeploy starts "
+        "without waiting for `NotBefore`; logged as `capacity_released`. An event that also names "
+        "other VMs is left alone.")
 OPTIONS: tuple[Option, ...] = (METADATA_URL, ACK)
 
 

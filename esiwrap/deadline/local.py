@@ -16,8 +16,12 @@ MLP_VAR = "MLP_CURRENT_CAPACITY_BLOCK_EXPIRATION_TIMESTAMP"
 SAGEMAKER_VAR = "SAGEMAKER_CURRENT_CAPACITY_BLOCK_EXPIRATION_TIMESTAMP"
 
 NAMES: tuple[str, ...] = ("cli", "env")
-SAGEMAKER_LEAD = Option("--sagemaker-lead", seconds, 1800.0, "1800",
-                        "seconds before a SageMaker capacity block's end time that termination starts")
+SAGEMAKER_LEAD = Option(
+    "--sagemaker-lead", seconds, 1800.0, "1800", "subtracted from a SageMaker block's end",
+    section="deadline", see="platforms/sagemaker.md",
+    doc=f"SageMaker and EC2 capacity blocks begin terminating 30 minutes before the end time in "
+        f"`{SAGEMAKER_VAR}`: this much is subtracted from it (source `env:SAGEMAKER`) and logged as "
+        f"`lead_s`.")
 OPTIONS: tuple[Option, ...] = (SAGEMAKER_LEAD,)  # `--deadline` is the registry's: it overrides every source
 
 

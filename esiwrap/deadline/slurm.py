@@ -49,9 +49,15 @@ EXIT_TIMEOUT_S = 5.0  # each Slurm command at exit: the job's end is near, and n
 NOT_IN_SLURM = f"not in a Slurm job ({JOB_ID_ENV} is not set)"
 
 NAMES: tuple[str, ...] = ("slurm",)
-REQUEUE = Option("--slurm-requeue", boolean, False, "true",
-                 "in a Slurm job, after a stop with a completed checkpoint: scontrol requeue the job, "
-                 "then exit 75")
+REQUEUE = Option(
+    "--slurm-requeue", boolean, False, "true", "requeue the Slurm job after its checkpoint",
+    section="deadline", see="platforms/slurm.md#requeue",
+    doc="In a Slurm job, after a stop with a completed checkpoint, once the trainer is gone: "
+        "`scontrol requeue` the job (an array task as `<array job id>_<task id>`) while it is "
+        "still running or ending on its time limit, then exit 75 (`slurm_requeued`). A job someone "
+        "else is ending (`scancel`, preemption) and every esiwrap but the one with `SLURM_PROCID` 0 "
+        "are left alone (`slurm_requeue_skipped`); a requeue that fails is one "
+        "`slurm_requeue_failed` line, and esiwrap still exits 75.")
 OPTIONS: tuple[Option, ...] = (REQUEUE,)
 
 _JOB_ID = re.compile(r"^\d+$")
