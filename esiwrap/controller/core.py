@@ -41,7 +41,7 @@ from typing import Any
 
 from esiwrap import events as ev
 from esiwrap.choices import LogLevel
-from esiwrap.controller.modes import Mode
+from esiwrap.controller.modes import Mode, Modes
 from esiwrap.controller.protocol import (
     DEADLINE_CHANGE_S,
     KILL_WAIT_S,
@@ -169,7 +169,7 @@ class Controller:
     def __init__(self, config: ControllerConfig, prior: Prior | None = None,
                  resume_from: Checkpoint | None = None) -> None:
         self.config = config
-        self.mode = Mode.RUNNING
+        self.modes = Modes()
         self.obs = Observations(config.policy.step_window, prior)
         self.deadline: Deadline | None = None
         self.deadline_pending = True  # no deadline answer handed over yet
@@ -219,6 +219,10 @@ class Controller:
         self._last_save_error: tuple[float, str] | None = None  # wall time, what the trainer said
         self.resume_from = resume_from  # the durable checkpoint an earlier run recorded (state file)
         self._resume_checked = False
+
+    @property
+    def mode(self) -> Mode:
+        return self.modes.mode
 
     # ------------------------------------------------------------------ the two entry points
     def handle(self, input_: Input, now: Now) -> list[Action]:
@@ -514,7 +518,7 @@ class Controller:
             return
         self.request = SaveRequest(reason="peer", kind="peer", requested_at=now.wall, signalled={report.pid})
         if self.mode is Mode.RUNNING:
-            self.mode = Mode.SAVE_REQUESTED
+            self.modes.move("save asked")
         self._log("info", ev.SAVE_REQUESTED, reason="peer", kind="peer", pids=[],
                   remaining_s=self._remaining(now))
 
@@ -581,7 +585,7 @@ class Controller:
             self._begin_stop("checkpoint complete after a peer node's request", EXIT_CHECKPOINTED, now)
             return
         if self.mode is Mode.SAVE_REQUESTED:
-            self.mode = Mode.RUNNING
+            self.modes.move("acknowledged")
         if request.reason in ("manual", "early_warning"):
             return  # a save by hand, or on an early warning, changes nothing in the plan
         if request.kind in ("insurance", "final"):
@@ -736,7 +740,7 @@ class Controller:
         """The child's tree is gone, but the last checkpoint's upload is not done: wait for it, and
         for its retries, up to the cut-off: the moment it must be cut off to exit before the
         deadline (without a deadline: --stop-grace or three upload estimates, whichever is longer)."""
-        self.mode = Mode.UPLOADING
+        self.modes.move("await upload")
         self._upload_exit_reason = reason
         self._upload_window_end = None if self.deadline is not None else now.mono + self._upload_wait_s()
         self._upload_until = None
@@ -966,7 +970,7 @@ class Controller:
         self.deadline, self.plan, self._logged_signal_at = None, None, None
         self.deadline_saves_done, self._warned_too_close = 0, False
         if self.mode is Mode.CONTINUING:
-            self.mode = Mode.RUNNING
+            self.modes.move("deadline gone")
 
     def _early_warning(self, answer: Answer, now: Now) -> None:
         """A new early warning from a source (EC2 rebalance: elevated risk of interruption) asks
@@ -1009,7 +1013,8 @@ class Controller:
                       **new.detail)
         later = old is None or new.at > old.at
         if self.mode is Mode.CONTINUING and later:
-            self.mode, self.deadline_saves_done = Mode.RUNNING, 0  # a renewal: plan against it afresh
+            self.modes.move("deadline renewed")
+            self.deadline_saves_done = 0  # a renewal: plan against it afresh
         elif old is not None and later and self._renewal_fits_insurance(new.at, now):
             self.deadline_saves_done, self.plan = 0, None  # renewed after a save: insure the new stretch too
             self._warned_too_close = False
@@ -1145,14 +1150,14 @@ class Controller:
             return
         self._plan_awaits_upload = False
         if self.config.after_save == "continue":
-            self.mode = Mode.CONTINUING
+            self.modes.move("no further save")
             self._log("info", ev.TRAINING_CONTINUES, reason="--after-save continue")
             return
         stop_at = self._latest_stop_at()
         if self.config.after_save == "stop" or stop_at is None or stop_at <= now.wall:
             self._begin_stop("checkpoint complete", EXIT_CHECKPOINTED, now)
             return
-        self.mode = Mode.CONTINUING
+        self.modes.move("no further save")
         self._log("info", ev.TRAINING_CONTINUES, reason="no further save fits; training goes on in case "
                   "the deadline moves later", stop_at=iso_utc(stop_at), in_s=_round(stop_at - now.wall))
 
@@ -1171,7 +1176,7 @@ class Controller:
         kind = plan.kind if plan is not None else reason
         self.request = SaveRequest(reason=reason, kind=kind, requested_at=now.wall, plan=plan)
         if self.mode is Mode.RUNNING:  # a save by hand while continuing keeps continuing
-            self.mode = Mode.SAVE_REQUESTED
+            self.modes.move("save asked")
         planned = {} if plan is None else {  # the plan as it stood when it fired (for `esiwrap report`)
             "planned_at": iso_utc(plan.signal_at), "late_s": _round(now.wall - plan.signal_at),
             "step_estimate_s": _round(plan.step_estimate_s), "save_estimate_s": _round(plan.save_estimate_s),
@@ -1222,7 +1227,7 @@ class Controller:
     # ------------------------------------------------------------------ draining
     def _drain(self, now: Now) -> None:
         """Stop once the outstanding save is acknowledged; wait for it up to --stop-grace."""
-        self.mode = Mode.DRAINING
+        self.modes.move("drain")
         self._ack_until = now.mono + self.config.stop_grace_s
         self._extend_stop_timeout(now)
 
@@ -1282,7 +1287,7 @@ class Controller:
                 self._upload_retry = None
                 self._uploads_settled(now)
             return
-        self.mode = Mode.STOPPING
+        self.modes.move("stop")
         self.plan = None
         self._ack_until = None
         self.stop = StopState(reason, exit_status, until=now.mono + self.config.stop_grace_s)
@@ -1319,7 +1324,7 @@ class Controller:
 
     def _kill(self, now: Now) -> None:
         assert self.stop is not None
-        self.mode = Mode.KILLING
+        self.modes.move("kill")
         self.stop.until = now.mono + KILL_WAIT_S
         self._out.append(KillTree())
 
