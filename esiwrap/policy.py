@@ -280,6 +280,34 @@ class Observations:
         self.record_blocking(duration_s, at)
         self.record_save(duration_s, at, began_at)
 
+    def checkpoint_size(self, checkpoint_bytes: float) -> None:
+        """What the trainers say a checkpoint holds (all the saving processes together)."""
+        self.checkpoint_bytes = checkpoint_bytes
+
+    def checkpoint_size_if_unknown(self, checkpoint_bytes: float) -> None:
+        """What the previous checkpoint holds, when no trainer said what one holds."""
+        if self.checkpoint_bytes is None:
+            self.checkpoint_bytes = checkpoint_bytes
+
+    def probe_begun(self) -> None:
+        """A storage probe is under way: the prior is coming (no calibration save on a guess)."""
+        self.prior_pending = True
+
+    def probe_ended(self) -> None:
+        self.prior_pending = False
+
+    def storage_measured(self, bandwidth_bps: float, source: str) -> None:
+        """A measured write speed of the checkpoint's storage. Of two measurements the slower one
+        rules (a probe is short, a checkpoint can outgrow caches); a source's new figure replaces
+        its old one."""
+        known = self.bandwidth_bps
+        if known is None or bandwidth_bps < known or source == self.bandwidth_source:
+            self.bandwidth_bps, self.bandwidth_source = bandwidth_bps, source
+
+    def capacity_is(self, capacity: Capacity) -> None:
+        """What the deadline sources and the trainers say of the capacity and the job's nodes."""
+        self.capacity = capacity
+
 
 def step_estimate_s(obs: Observations, config: PolicyConfig) -> float | None:
     """The quantile of the window, or None before the first interval is known."""

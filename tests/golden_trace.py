@@ -49,6 +49,7 @@ class Recorder:
     """Where the recording controller writes: the lines of the section being traced."""
 
     lines: ClassVar[list[str]] = []
+    snapshots = False  # also write what `snapshot` says after each call
 
 
 def show(actions: list[core.Action]) -> str:
@@ -63,12 +64,18 @@ class RecordingController(Controller):
     def handle(self, input_: core.Input, now: Now) -> list[core.Action]:
         actions = super().handle(input_, now)
         Recorder.lines.append(f"H {now!r} {input_!r} -> {show(actions)}")
+        self._snapshot(now)
         return actions
 
     def tick(self, now: Now, late_s: float | None = None) -> list[core.Action]:
         actions = super().tick(now, late_s)
         Recorder.lines.append(f"T {now!r} {late_s!r} -> {show(actions)}")
+        self._snapshot(now)
         return actions
+
+    def _snapshot(self, now: Now) -> None:
+        if Recorder.snapshots:
+            Recorder.lines.append(f"S {self.snapshot(now, 'golden', 1).to_json()}")
 
     def finish(self, now: Now) -> list[core.Action]:
         actions = super().finish(now)
@@ -154,7 +161,7 @@ def traced() -> Iterator[tuple[str, list[str]]]:
     replay_module.Controller = controller_driver.Controller = RecordingController  # type: ignore[misc]
     try:
         for name, run in sections():
-            Recorder.lines = []
+            Recorder.lines, Recorder.snapshots = [], name.startswith("random")
             run()
             yield name, Recorder.lines
     finally:

@@ -6,16 +6,8 @@ and the property tests all drive this same code. `protocol` holds the inputs, ac
 configuration; `core` the `Controller`.
 """
 
-from esiwrap.controller.core import (
-    Controller,
-    SaveRequest,
-    StopState,
-    Trainer,
-    UploadRun,
-    checkpoint_path,
-    upload_retry_wait_s,
-)
-from esiwrap.controller.modes import Mode
+from esiwrap.controller.core import Controller
+from esiwrap.controller.modes import TRANSITIONS, IllegalMove, Mode
 from esiwrap.controller.protocol import (
     DEADLINE_CHANGE_S,
     KILL_WAIT_S,
@@ -66,16 +58,68 @@ from esiwrap.controller.protocol import (
     UploadExited,
     UploadStarted,
 )
+from esiwrap.controller.roster import Trainer
+from esiwrap.controller.saves import SaveRequest, checkpoint_path
+from esiwrap.controller.stopping import StopState
+from esiwrap.controller.uploads import UploadRun, upload_retry_wait_s
 
 __all__ = [
-    "DEADLINE_CHANGE_S", "KILL_WAIT_S", "NO_FIELDS", "PROBE_REPEAT_S", "SAVE_WRITE_GRACE_FACTOR",
-    "STOP_TIMEOUT_MARGIN_S", "TRAINER_REPORTS", "UPLOAD_EXIT_MARGIN_S", "UPLOAD_RETRY_MAX_S",
-    "UPLOAD_RETRY_S", "UPLOAD_TERM_GRACE_S", "Action", "CheckFilesystem", "CheckTree", "Checkpoint",
-    "CheckpointSize", "ChildExited", "ChildStarted", "Controller", "ControllerConfig",
-    "DeadlineAnswers", "Exit", "ExtendStopTimeout", "FilesystemChecked", "Hello", "Input", "KeepState",
-    "KillTree", "Log", "Mode", "NotifyStopping", "Now", "ProbeStorage", "ReleaseCapacity", "SaveBegin",
-    "SaveEnd", "SaveRequest", "SaveSnapshot", "SendSignal", "SignalReceived", "StartUpload", "Step",
-    "StopChild", "StopState", "StopUpload", "StorageProbed", "TermLeftovers", "Trainer", "TrainerGone",
-    "TrainingStart", "TreeChecked", "UploadExited", "UploadRun", "UploadStarted", "checkpoint_path",
+    "DEADLINE_CHANGE_S",
+    "KILL_WAIT_S",
+    "NO_FIELDS",
+    "PROBE_REPEAT_S",
+    "SAVE_WRITE_GRACE_FACTOR",
+    "STOP_TIMEOUT_MARGIN_S",
+    "TRAINER_REPORTS",
+    "TRANSITIONS",
+    "UPLOAD_EXIT_MARGIN_S",
+    "UPLOAD_RETRY_MAX_S",
+    "UPLOAD_RETRY_S",
+    "UPLOAD_TERM_GRACE_S",
+    "Action",
+    "CheckFilesystem",
+    "CheckTree",
+    "Checkpoint",
+    "CheckpointSize",
+    "ChildExited",
+    "ChildStarted",
+    "Controller",
+    "ControllerConfig",
+    "DeadlineAnswers",
+    "Exit",
+    "ExtendStopTimeout",
+    "FilesystemChecked",
+    "Hello",
+    "IllegalMove",
+    "Input",
+    "KeepState",
+    "KillTree",
+    "Log",
+    "Mode",
+    "NotifyStopping",
+    "Now",
+    "ProbeStorage",
+    "ReleaseCapacity",
+    "SaveBegin",
+    "SaveEnd",
+    "SaveRequest",
+    "SaveSnapshot",
+    "SendSignal",
+    "SignalReceived",
+    "StartUpload",
+    "Step",
+    "StopChild",
+    "StopState",
+    "StopUpload",
+    "StorageProbed",
+    "TermLeftovers",
+    "Trainer",
+    "TrainerGone",
+    "TrainingStart",
+    "TreeChecked",
+    "UploadExited",
+    "UploadRun",
+    "UploadStarted",
+    "checkpoint_path",
     "upload_retry_wait_s",
 ]
