@@ -5,6 +5,8 @@
                                    each deadline source's OPTIONS under esiwrap/deadline/)
     docs/reference/environment.md  every ESIWRAP_<NAME> of an option, and esiwrap/envvars.py's own
     docs/reference/events.md       the log events (esiwrap/events.py)
+    docs/design.md                 the mode diagram, drawn from the decision core's one transition
+                                   table (esiwrap/controller/modes.py), as h11 draws its states
 
 Each page keeps its hand-written prose; only the text between its `<!-- BEGIN generated: NAME -->`
 and `<!-- END generated: NAME -->` markers is replaced. tests/test_reference_docs.py fails when a
@@ -24,6 +26,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from esiwrap import envvars, events
+from esiwrap.controller.modes import TRANSITIONS, Mode
 from esiwrap.options import ALL_RUN_OPTIONS, BOOLEAN_FLAGS, QUIET_NEGATIVES
 from esiwrap.optiontypes import SECTIONS, Option
 
@@ -124,10 +127,25 @@ def events_block(page: str) -> str:
     return "\n".join(lines).rstrip("\n")
 
 
+# ------------------------------------------------------------------------------- modes
+def modes_block(page: str) -> str:
+    """The decision core's modes as a Mermaid state diagram (the site and GitHub draw it), and the
+    same table as text."""
+    diagram = ["```mermaid", "stateDiagram-v2", f"    [*] --> {Mode.RUNNING.value}"]
+    rows = ["| mode | cause | moves to |", "|---|---|---|"]
+    for mode, moves in TRANSITIONS.items():
+        for cause, target in moves.items():
+            diagram.append(f"    {mode.value} --> {target.value}: {cause}")
+            rows.append(f"| `{mode.value}` | {cause} | `{target.value}` |")
+    diagram += [f"    {mode.value} --> [*]: exit" for mode in (Mode.STOPPING, Mode.KILLING, Mode.UPLOADING)]
+    return "\n".join([*diagram, "```", "", *rows])
+
+
 BLOCKS: dict[str, tuple[str, Callable[[str], str]]] = {
     "reference/options.md": ("options", options_block),
     "reference/environment.md": ("environment", environment_block),
     "reference/events.md": ("events", events_block),
+    "design.md": ("modes", modes_block),
 }
 
 

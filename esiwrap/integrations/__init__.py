@@ -13,10 +13,8 @@ from __future__ import annotations
 import os
 
 from esiwrap.envvars import CHAINED_RAY_ENV_HOOK, HOOK_SWITCH_ENV, RELAY_ENV, SOCKET_ENV
-
-TYPE_CHECKING = False  # loaded at interpreter start-up: the typing machinery only for mypy
-if TYPE_CHECKING:
-    from types import ModuleType
+from esiwrap.integrations.verl_hooks import install_verl_hooks
+from esiwrap.integrations.verl_modules import VERL_LEGACY_MODULES, VERL_TRAINER_MODULES, VERL_V1_MODULE
 
 __all__ = [
     "HOOK_SWITCH_ENV",
@@ -44,36 +42,6 @@ def activate() -> None:
         ray_relay.prepare_worker()
     elif os.environ.get(SOCKET_ENV):  # no relay (yet, or ever: `uv run` skips Ray's env hook)
         install_verl_hooks()
-
-
-# The verl modules whose names the verl hook patches (`esiwrap.integrations.verl`).
-VERL_LEGACY_MODULES = (  # RayPPOTrainer.fit, and the experimental trainers built on it
-    "verl.trainer.ppo.ray_trainer",
-    "verl.experimental.separation.ray_trainer",
-    "verl.experimental.fully_async_policy.fully_async_trainer",
-)
-VERL_V1_MODULE = "verl.trainer.ppo.v1.trainer_base"  # PPOTrainer, the default loop
-VERL_TRAINER_MODULES = (*VERL_LEGACY_MODULES, VERL_V1_MODULE)
-_verl_hooks_installed = False
-
-
-def install_verl_hooks() -> None:
-    """Patch verl's trainer modules if and when they are imported; the patching code itself is
-    loaded only then (idempotent)."""
-    global _verl_hooks_installed
-    if _verl_hooks_installed:
-        return
-    _verl_hooks_installed = True
-    from esiwrap.integrations.importhook import when_imported
-
-    for name in VERL_TRAINER_MODULES:
-        when_imported(name, _patch_verl_module)
-
-
-def _patch_verl_module(module: ModuleType) -> None:
-    from esiwrap.integrations import verl
-
-    verl.patch_module(module)
 
 
 def _chain_ray_runtime_env_hook() -> None:

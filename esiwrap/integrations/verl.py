@@ -1,6 +1,6 @@
 """verl with no code change: both PPO loops save at the step boundary after esiwrap asks.
 
-Loaded by post-import hooks (`esiwrap.integrations.install_verl_hooks`) in esiwrap's processes, it
+Loaded by post-import hooks (`esiwrap.integrations.verl_hooks`) in esiwrap's processes, it
 touches verl only when a trainer module is imported, and only these names:
 
 * legacy loop (`RayPPOTrainer.fit`, and the experimental trainers built on it): the name
@@ -35,7 +35,7 @@ import time
 
 from esiwrap import messages
 from esiwrap.envvars import SOCKET_ENV
-from esiwrap.integrations import VERL_LEGACY_MODULES, VERL_V1_MODULE
+from esiwrap.integrations.verl_modules import VERL_LEGACY_MODULES, VERL_V1_MODULE
 
 TYPE_CHECKING = False  # loaded at every Ray worker's start-up: the typing module only for mypy
 if TYPE_CHECKING:
@@ -49,7 +49,7 @@ PATCHED = "__esiwrap_patched__"
 
 
 def patch_module(module: ModuleType) -> None:
-    """Called by the post-import hook (`esiwrap.integrations.install_verl_hooks`)."""
+    """Called by the post-import hook (`esiwrap.integrations.verl_hooks`)."""
     if module.__name__ == VERL_V1_MODULE:
         patch_v1_module(module)
     elif module.__name__ in VERL_LEGACY_MODULES:
@@ -95,9 +95,9 @@ class _Loop:
     def attach(self, kind: str, trainer: object) -> bool:
         if self.transport is not None:
             return True
-        from esiwrap.integrations import ray_relay
+        from esiwrap.integrations import ray_kv
 
-        transport: Transport | None = ray_relay.KvRelay.from_env()
+        transport: Transport | None = ray_kv.KvRelay.from_env()
         relayed = transport is not None
         if not relayed and os.environ.get(SOCKET_ENV):
             # No driver relay (Ray skipped our runtime-env hook): talk to esiwrap directly and
@@ -105,7 +105,7 @@ class _Loop:
             transport = _DirectChannel()
         if transport is None:
             return False
-        if not ray_relay.install_signal_flag() and not relayed:
+        if not ray_kv.install_signal_flag() and not relayed:
             return False  # signalled directly but cannot count the signal: leave verl as it is
         self.transport = transport
         self.kind = kind
@@ -207,7 +207,7 @@ class _DirectChannel:
         return self._client.send(message_type, **fields)
 
     def request_count(self) -> int:
-        from esiwrap.integrations.ray_relay import signal_flag
+        from esiwrap.integrations.ray_kv import signal_flag
 
         return signal_flag.count
 
