@@ -192,6 +192,12 @@ STATE_NOT_SAVED = _event(
 RESUMED = _event(
     "resumed", STATE, "the trainer started from the durable checkpoint the state file names",
     "checkpoint_step, start_step, steps_redone, path, checkpoint_at")
+NO_PROGRESS = _event(
+    "no_progress", STATE, "the job's last `--max-no-progress-runs` runs did not advance its durable "
+    "step: this run is not started, exit 78 (error)",
+    "path, limit, runs (each: run_id, hours, ending, start_step, end_step, saves, uploads, "
+    "uploads_failed), steps, cause (slot shorter than a step plus a save; resume failing; uploads "
+    "failing), fix")
 RESUME_MISSED = _event(
     "resume_missed", STATE, "the trainer started from scratch or further back (warning)",
     "checkpoint_step, start_step, steps_redone, path, checkpoint_at, started, causes")

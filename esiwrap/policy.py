@@ -52,6 +52,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from esiwrap.deadline.value import CapacityKind
+from esiwrap.history import Evidence, RunRecord, evidence, posterior_rate, rate_basis
 
 SAVE_SAFETY_FACTOR = 1.25  # insurance: checkpoint writes vary with disk and page cache
 UPLOAD_SAFETY_FACTOR = 1.5  # uploads cross a shared network: their times vary more than writes
@@ -115,6 +116,8 @@ class Prior:
     saves: Sequence[float] = ()
     blocking: Sequence[float] = ()  # the blocking part of asynchronous saves
     uploads: Sequence[float] = ()  # `--upload`: how long the uploads of checkpoints took
+    runs: Sequence[RunRecord] = ()  # the job's earlier runs (`esiwrap.history`), ended
+    runs_at: float = 0.0  # when this run started: the runs' ages count from it
 
 
 @dataclass(frozen=True)
@@ -422,21 +425,42 @@ def save_cost_s(obs: Observations, config: PolicyConfig) -> float:
     return prior if prior is not None else config.save_duration_s
 
 
+def default_rate(kind: CapacityKind | None) -> float:
+    """The capacity kind's interruptions a day without notice, per node (per job when unknown)."""
+    if kind == "spot":
+        return SPOT_RATE_PER_DAY
+    if kind in ("reserved", "on-demand"):
+        return NODE_FAILURE_RATE_PER_DAY
+    return UNKNOWN_RATE_PER_DAY
+
+
+def job_evidence(obs: Observations) -> Evidence:
+    """This job's own interruptions and exposure on the capacity it runs on now (the state file)."""
+    return evidence(obs.prior.runs, obs.capacity.kind, obs.prior.runs_at)
+
+
 def interruption_rate(obs: Observations, config: PolicyConfig) -> tuple[float, str]:
-    """Interruptions a day that periodic saves guard against, and where the figure comes from:
-    `--interruption-rate`, else the capacity's kind (spot: per instance; reserved or on-demand:
-    node failures, per node), else one a day."""
+    """Interruptions a day that periodic saves guard against, and what the figure rests on:
+    `--interruption-rate`, else the posterior mean of the capacity kind's default (spot: per
+    instance; reserved or on-demand: node failures, per node; unknown: one a day) updated with the
+    job's own history of runs (`esiwrap.history`), times the job's nodes."""
     if config.interruption_rate_per_day is not None:
         return config.interruption_rate_per_day, "--interruption-rate"
     capacity = obs.capacity
-    nodes = max(1, capacity.nodes)
+    nodes = max(1, capacity.nodes) if capacity.kind is not None else 1
     on = f" ({capacity.source})" if capacity.source else ""
     of_nodes = f" x {nodes} nodes" if nodes > 1 else ""
+    default = default_rate(capacity.kind)
+    seen = job_evidence(obs)
+    learned = posterior_rate(default, seen)
+    history = rate_basis(seen)
     if capacity.kind == "spot":
-        return SPOT_RATE_PER_DAY * nodes, f"spot capacity{on}{of_nodes}"
-    if capacity.kind in ("reserved", "on-demand"):
-        return NODE_FAILURE_RATE_PER_DAY * nodes, f"node failures on {capacity.kind} capacity{on}{of_nodes}"
-    return UNKNOWN_RATE_PER_DAY, "the capacity's kind is unknown"
+        what = f"spot capacity{on}: default {default:g}/day per instance"
+    elif capacity.kind in ("reserved", "on-demand"):
+        what = f"node failures on {capacity.kind} capacity{on}: default 1 in {1 / default:.0f} node-days"
+    else:
+        what = f"the capacity's kind is unknown: default {default:g}/day"
+    return learned * nodes, f"{what}, {history}{of_nodes}"
 
 
 def periodic_interval_s(obs: Observations, config: PolicyConfig) -> float | None:
