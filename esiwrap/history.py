@@ -9,18 +9,20 @@ on its own host or not refreshed for STALE_AFTER_S, and closes it as an interrup
 notice (`interrupted`).
 
 **The interruption rate** is the posterior mean of a Gamma prior updated with the job's own
-counts. The prior is centred on the capacity kind's default (`policy.interruption_rate`'s: spot 8
-a day per instance, reserved or on-demand one node failure in 264 node-days, unknown one a day per
-job) and is worth PRIOR_INTERRUPTIONS interruption(s) of exposure at that rate: `1 / default`
-node-days (3 node-hours for spot, 264 node-days for reserved), so that a few runs of the job's own
-outweigh it. With `k` interruptions without notice in `E` node-days of the same capacity kind:
+counts. The prior is centred on the capacity kind's default (`policy.default_rate`: spot 8 a day
+per instance, reserved or on-demand one node failure in 264 node-days, unknown one a day per job)
+and is worth `a = PRIOR_INTERRUPTIONS[kind]` interruptions of exposure at that rate, `a / default`
+node-days: for spot 0.05, 9 node-minutes (spot pools differ by orders of magnitude, so the job's
+own runs must outweigh the default within a run or two); for reserved and on-demand 1, 264
+node-days (node failure rates are much alike across clusters). With `k` interruptions without
+notice in `E` node-days of the same capacity kind:
 
-    rate per node-day = (PRIOR_INTERRUPTIONS + k) / (PRIOR_INTERRUPTIONS / default + E)
+    rate per node-day = (a + k) / (a / default + E)
 
-times the job's nodes. Runs weigh by their age: a run that ended `a` seconds ago counts (its
-interruption and its exposure) with 0.5 ** (a / HALF_LIFE_S), so a fresh burst of interruptions
-moves the rate at once, and a pool that calmed down is believed within days (BENCHMARKS.md,
-"Jobs": the half-life was measured on the stormy pool with bursts).
+times the job's nodes. Runs weigh by their age: a run that ended `t` seconds ago counts (its
+interruption and its exposure) with 0.5 ** (t / HALF_LIFE_S), 12 hours: interruptions come in
+bursts, so a fresh one weighs fully and a storm that is over fades within a day (BENCHMARKS.md,
+"Jobs": 12 h against 2 days on the calm and the stormy pool).
 
 **The no-progress guard** (`no_progress`) looks at the last runs: N consecutive runs whose
 durable step did not advance mean the next one will not either (a slot shorter than a step plus a
@@ -44,8 +46,13 @@ KINDS: tuple[CapacityKind, ...] = ("spot", "reserved", "on-demand")
 KEEP_RUNS = 50  # the newest runs kept in the state file
 HEARTBEAT_S = 60.0  # a running esiwrap refreshes its record this often (its exposure so far)
 STALE_AFTER_S = 3 * HEARTBEAT_S  # an open record not refreshed for this long: that run vanished
-PRIOR_INTERRUPTIONS = 0.5  # the prior is worth this many interruptions of exposure at the default
-HALF_LIFE_S = 2 * 86_400.0  # a run's weight halves with every this much age
+# The prior is worth this many interruptions of exposure at the kind's default. Spot pools differ by
+# orders of magnitude (0.002 to 17 a day per instance): a weak prior, which a few runs outweigh.
+# Node failures of reserved and on-demand capacity are much alike from cluster to cluster.
+PRIOR_INTERRUPTIONS: dict[CapacityKind | None, float] = {
+    "spot": 0.05,
+    "reserved": 1.0, "on-demand": 1.0, None: 1.0}
+HALF_LIFE_S = 12 * 3600.0  # a run's weight halves with every this much age (bursts: BENCHMARKS.md)
 SECONDS_PER_DAY = 86_400.0
 
 
@@ -143,8 +150,7 @@ def evidence(runs: Sequence[RunRecord], kind: CapacityKind | None, now: float,
     return Evidence(count, days, n)
 
 
-def posterior_rate(default_per_day: float, seen: Evidence, prior_interruptions: float = PRIOR_INTERRUPTIONS
-                   ) -> float:
+def posterior_rate(default_per_day: float, seen: Evidence, prior_interruptions: float) -> float:
     """The Gamma posterior's mean rate per node-day (per job-day for unknown capacity): a prior of
     `prior_interruptions` at `default_per_day` updated with the job's own counts."""
     if default_per_day <= 0:

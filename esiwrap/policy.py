@@ -52,13 +52,19 @@ from dataclasses import dataclass
 from typing import Literal
 
 from esiwrap.deadline.value import CapacityKind
-from esiwrap.history import Evidence, RunRecord, evidence, posterior_rate, rate_basis
+from esiwrap.history import PRIOR_INTERRUPTIONS, Evidence, RunRecord, evidence, posterior_rate, rate_basis
 
 SAVE_SAFETY_FACTOR = 1.25  # insurance: checkpoint writes vary with disk and page cache
 UPLOAD_SAFETY_FACTOR = 1.5  # uploads cross a shared network: their times vary more than writes
 FINAL_SAVE_FACTOR = 1.05  # final saves: a late one loses nothing, so aim closer
 FINAL_STEP_QUANTILES = (0.5, 0.75, 0.9, 0.95, 0.99, 1.0)  # the candidates for a final save's step
-INSURANCE_WORTH_FACTOR = 10.0  # an insurance save must protect this many times its cost in work
+# The insurance save is taken by its value: where the chance that the final save fails (the end
+# comes early, an interruption in between) times the work it protects exceeds its cost. A deadline
+# is taken away early (clock skew, a cloud that starts early) about this often: the simulator's
+# traces, and the one-in-ten that keeps the earlier rule (protect 10x the cost) where nothing else
+# threatens the final save.
+EARLY_END_PROB = 0.1
+INSURANCE_WORTH_FACTOR = 1.0 / EARLY_END_PROB  # with no interruptions: protect 10x its cost
 CALIBRATION_HORIZON_FACTOR = 20.0  # calibrate when the deadline is this many unmeasured saves away
 CALIBRATION_MIN_HORIZON_S = 3600.0  # ...and at least an hour away
 # No periodic save when the insurance save comes within this x interval: a periodic save `gap`
@@ -452,7 +458,7 @@ def interruption_rate(obs: Observations, config: PolicyConfig) -> tuple[float, s
     of_nodes = f" x {nodes} nodes" if nodes > 1 else ""
     default = default_rate(capacity.kind)
     seen = job_evidence(obs)
-    learned = posterior_rate(default, seen)
+    learned = posterior_rate(default, seen, PRIOR_INTERRUPTIONS[capacity.kind])
     history = rate_basis(seen)
     if capacity.kind == "spot":
         what = f"spot capacity{on}: default {default:g}/day per instance"
@@ -567,9 +573,21 @@ def _periodic(obs: Observations, config: PolicyConfig, interval_s: float, now: f
     return SavePlan("periodic", signal_at, step, cost, 0.0, due - step, why)
 
 
-def _calibration(obs: Observations, config: PolicyConfig, now: float) -> SavePlan:
+def measure_upload_early(obs: Observations, config: PolicyConfig) -> bool:
+    """`--upload` and no upload measured (in this run or by an earlier one), none running, no
+    checkpoint of this run yet, and the step known: save now, so that the upload's duration is
+    learned while a miss is still impossible (a guessed upload is the one estimate no prior
+    replaces)."""
+    return (config.uploads and obs.longest_upload_s is None and obs.upload_started_at is None
+            and not obs.saves and bool(obs.intervals))
+
+
+def _calibration(obs: Observations, config: PolicyConfig, now: float, upload: bool = False) -> SavePlan:
     why = ("calibration: no save measured yet, nothing known of its size, and the deadline is hours "
            "away; measure one now (it is a checkpoint too)")
+    if upload:
+        why = ("calibration: no upload measured yet (--upload-duration is a guess); save now so that "
+               "its upload is measured while a miss is impossible (it is a checkpoint too)")
     return SavePlan("calibration", now, step_estimate_s(obs, config) or 0.0, config.save_duration_s,
                     0.0, now, why)
 
@@ -589,9 +607,11 @@ def next_save(
         insurance = plan_save(deadline, obs, config, "insurance")
         horizon = calibration_horizon_s(obs, config)
         attached = obs.step_started_at is not None  # a trainer said what it knows (its size)
-        if horizon is not None and attached and deadline - now > horizon:
+        if attached and measure_upload_early(obs, config):
+            return _calibration(obs, config, now, upload=True)
+        if horizon is not None and attached and deadline - now > horizon and obs.upload_started_at is None:
             return _calibration(obs, config, now)
-        if recent_checkpoint_insures(insurance, obs, config):
+        if recent_checkpoint_insures(insurance, obs, config, deadline):
             return next_save(deadline, obs, config, 1, now)
         interval = periodic_interval_s(obs, config)
         if interval is not None:
@@ -605,20 +625,34 @@ def next_save(
     if not config.final_save:
         return None
     insurance = plan_save(deadline, obs, config, "insurance")
-    if insurance.signal_at >= now and not recent_checkpoint_insures(insurance, obs, config) \
+    if insurance.signal_at >= now and not recent_checkpoint_insures(insurance, obs, config, deadline) \
             and not upload_waits_too_long(insurance, deadline, obs, config):
         return insurance  # the last checkpoint is far back (an unmeasured guess): insure again
     plan = plan_save(deadline, obs, config, "final")
     return plan if plan.signal_at >= now and not upload_waits_too_long(plan, deadline, obs, config) else None
 
 
-def recent_checkpoint_insures(insurance: SavePlan, obs: Observations, config: PolicyConfig) -> bool:
+def final_fails_prob(insurance: SavePlan, deadline: float, obs: Observations, config: PolicyConfig) -> float:
+    """The chance that the final save does not hold the work the insurance save would: the end
+    comes early (EARLY_END_PROB), or an interruption without notice comes between the insurance
+    moment and the deadline (the job's rate, `interruption_rate`)."""
+    rate_per_day, _ = interruption_rate(obs, config)
+    gap = max(0.0, deadline - insurance.signal_at)
+    return 1.0 - (1.0 - EARLY_END_PROB) * math.exp(-rate_per_day / SECONDS_PER_DAY * gap)
+
+
+def recent_checkpoint_insures(insurance: SavePlan, obs: Observations, config: PolicyConfig,
+                              deadline: float | None = None) -> bool:
     """A checkpoint of this run (the trainer's own, a periodic one) is recent enough that the
-    insurance save would protect less than INSURANCE_WORTH_FACTOR times its own cost in work:
-    it takes the insurance save's place, and the final save is planned right away."""
+    insurance save is worth less than it costs: the chance that the final save fails
+    (`final_fails_prob`) times the work it would protect (since that checkpoint) is below the
+    cost of a save. It takes the insurance save's place, and the final save is planned right
+    away. With no checkpoint the insurance is always taken: a failed final save would be a miss."""
     if not obs.saves or obs.checkpoint_at is None:
         return False
-    return insurance.signal_at - obs.checkpoint_at < INSURANCE_WORTH_FACTOR * save_cost_s(obs, config)
+    at = deadline if deadline is not None else insurance.signal_at + needed_s(insurance)
+    protected = insurance.signal_at - obs.checkpoint_at
+    return final_fails_prob(insurance, at, obs, config) * protected < save_cost_s(obs, config)
 
 
 def replan(
