@@ -221,3 +221,20 @@ def test_the_insurance_is_taken_where_the_final_save_is_at_risk() -> None:
 
     assert plan(0.01) == "final"
     assert plan(60.0) == "insurance"
+
+
+def test_the_report_names_the_rate_and_what_it_rests_on() -> None:
+    from esiwrap.report import render_text, summarize
+
+    why = ("periodic: 41m since the last checkpoint (Young/Daly for 0.71 interruption(s) a day: spot "
+           "capacity (aws-spot): default 8/day per instance, + this job's 0 interruption(s) without "
+           "notice in 0.7 node-days over 2 earlier run(s) (state file); a save stops training 60s)")
+    events = [{"timestamp": "2026-12-01T00:00:00Z", "run_id": "r", "event": "child_started", "pid": 1},
+              {"timestamp": "2026-12-01T00:00:01Z", "run_id": "r", "event": "save_scheduled",
+               "kind": "periodic", "why": why},
+              {"timestamp": "2026-12-01T00:00:02Z", "run_id": "r", "event": "supervisor_exit", "code": 75}]
+    run = summarize(events)
+    assert run.interruption_rate is not None
+    assert run.interruption_rate.startswith("0.71 interruption(s) a day")
+    assert "over 2 earlier run(s) (state file)" in run.interruption_rate
+    assert "  rate      0.71 interruption(s) a day: spot capacity" in render_text([run], 0)
