@@ -58,6 +58,7 @@ SAVE_SAFETY_FACTOR = 1.25  # insurance: checkpoint writes vary with disk and pag
 UPLOAD_SAFETY_FACTOR = 1.5  # uploads cross a shared network: their times vary more than writes
 FINAL_SAVE_FACTOR = 1.05  # final saves: a late one loses nothing, so aim closer
 FINAL_STEP_QUANTILES = (0.5, 0.75, 0.9, 0.95, 0.99, 1.0)  # the candidates for a final save's step
+FINAL_OWN_STEPS = 20  # a final save plans with this run's own steps once it has this many
 # The insurance save is taken by its value: where the chance that the final save fails (the end
 # comes early, an interruption in between) times the work it protects exceeds its cost. A deadline
 # is taken away early (clock skew, a cloud that starts early) about this often: the simulator's
@@ -185,6 +186,7 @@ class Observations:
         self.prior = prior or Prior()
         self.blocking: list[float] = []  # how long each save esiwrap asked for stopped training
         self.last_step: int | None = None
+        self.own_intervals = 0  # intervals of this run in the window (the rest: the state file's)
         self.step_started_at: float | None = None  # wall time the running step began
         self.checkpoint_at: float | None = None  # wall time of the boundary the last checkpoint holds
         self.checkpoint_bytes: float | None = None  # how much a checkpoint writes, as the trainer said
@@ -247,6 +249,7 @@ class Observations:
         interval = max(0.0, duration_s - self._exclude_next_s)
         self._exclude_next_s = 0.0
         self.intervals.append(interval)
+        self.own_intervals = min(self.own_intervals + 1, self.intervals.maxlen or self.own_intervals + 1)
         self._sorted = None
         self.last_step = step
         self.step_started_at = at
@@ -308,6 +311,8 @@ def final_step_estimate_s(obs: Observations, config: PolicyConfig, room_s: float
     if not obs.intervals:
         return None
     values = obs.sorted_intervals()
+    if obs.own_intervals >= FINAL_OWN_STEPS and obs.own_intervals < len(obs.intervals):
+        values = sorted(list(obs.intervals)[-obs.own_intervals:])  # this run's steps, not an earlier one's
     best: tuple[float, float] | None = None
     for q in FINAL_STEP_QUANTILES:
         if q > config.step_quantile and best is not None:
