@@ -68,6 +68,9 @@ EARLY_END_PROB = 0.1
 INSURANCE_WORTH_FACTOR = 1.0 / EARLY_END_PROB  # with no interruptions: protect 10x its cost
 CALIBRATION_HORIZON_FACTOR = 20.0  # calibrate when the deadline is this many unmeasured saves away
 CALIBRATION_MIN_HORIZON_S = 3600.0  # ...and at least an hour away
+# An unmeasured upload is measured by a save at once where the insurance save is further away than
+# this (and than that save and its guessed upload): closer, the insurance save is the first anyway.
+UPLOAD_CALIBRATION_MIN_S = 600.0
 # No periodic save when the insurance save comes within this x interval: a periodic save `gap`
 # before it saves `interval` of work for each interruption in that gap, so it pays for itself when
 # rate x gap x interval > its cost; with Young/Daly's interval (cost = rate x interval^2 / 2) that
@@ -582,7 +585,9 @@ def measure_upload_early(obs: Observations, config: PolicyConfig) -> bool:
     """`--upload` and no upload measured (in this run or by an earlier one), none running, no
     checkpoint of this run yet, and the step known: save now, so that the upload's duration is
     learned while a miss is still impossible (a guessed upload is the one estimate no prior
-    replaces)."""
+    replaces). `next_save` takes it where the insurance save is further away than such a save
+    and its guessed upload, and UPLOAD_CALIBRATION_MIN_S (else the insurance save is the first
+    save anyway)."""
     return (config.uploads and obs.longest_upload_s is None and obs.upload_started_at is None
             and not obs.saves and bool(obs.intervals))
 
@@ -612,8 +617,10 @@ def next_save(
         insurance = plan_save(deadline, obs, config, "insurance")
         horizon = calibration_horizon_s(obs, config)
         attached = obs.step_started_at is not None  # a trainer said what it knows (its size)
-        if attached and measure_upload_early(obs, config):
-            return _calibration(obs, config, now, upload=True)
+        early = max(UPLOAD_CALIBRATION_MIN_S,
+                    save_estimate_s(obs, config, "final") + upload_estimate_s(obs, config))
+        if attached and measure_upload_early(obs, config) and insurance.signal_at - now > early:
+            return _calibration(obs, config, now, upload=True)  # (not when the insurance is next anyway)
         if horizon is not None and attached and deadline - now > horizon and obs.upload_started_at is None:
             return _calibration(obs, config, now)
         if recent_checkpoint_insures(insurance, obs, config, deadline):

@@ -194,6 +194,8 @@ def test_an_unmeasured_upload_is_measured_at_once() -> None:
     obs.checkpoint_bytes, obs.bandwidth_bps = 1e9, 1e8  # a prior for the save, none for the upload
     assert next_save(3600.0, obs, config, 0, 1.0).kind == "insurance"  # type: ignore[union-attr]
     obs.record_step(1, 30.0, 30.0)
+    near = next_save(900.0, obs, config, 0, 30.0)  # the insurance is next within 10 minutes anyway
+    assert near is not None and near.kind == "insurance"
     first = next_save(3600.0, obs, config, 0, 30.0)
     assert first is not None and first.kind == "calibration" and "upload" in first.why
     obs.upload_began(100.0)

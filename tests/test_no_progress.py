@@ -45,10 +45,11 @@ def _runs(tmp: Path) -> list[dict[str, Any]]:
 def test_too_short_slots_are_stopped_at_run_n_plus_one(tmp_path: Path) -> None:
     codes = [_run(tmp_path, "+3s", 8.0)[0] for _ in range(3)]
     assert codes == [EXIT_SAVE_MISSED] * 3
-    code, events = _run(tmp_path, "+3s", 8.0)
+    code, events = _run(tmp_path, "+3s", 8.0, "--slurm-requeue")
     assert code == EXIT_NO_PROGRESS
     names = [e["event"] for e in events]
     assert "child_started" not in names  # the command never ran
+    assert not [n for n in names if n.startswith("slurm_requeue")]  # only exit 75 is requeued
     (guard,) = [e for e in events if e["event"] == "no_progress"]
     assert guard["level"] == "error" and guard["limit"] == 3
     assert [r["end_step"] for r in guard["runs"]] == [None, None, None]
@@ -69,8 +70,10 @@ def test_the_guard_is_off_at_zero(tmp_path: Path) -> None:
 
 
 def test_a_job_that_progresses_is_never_stopped(tmp_path: Path) -> None:
-    codes = [_run(tmp_path, "+5s", 0.2)[0] for _ in range(5)]
-    assert codes == [EXIT_CHECKPOINTED] * 5
+    codes = [_run(tmp_path, "+5s", 0.2)[0] for _ in range(4)]
+    code, events = _run(tmp_path, "+5s", 0.2, "--slurm-requeue")
+    assert [*codes, code] == [EXIT_CHECKPOINTED] * 5
+    assert "slurm_requeue_failed" in [e["event"] for e in events]  # exit 75 is (here: outside Slurm)
     runs = _runs(tmp_path)
     assert [r["ending"] for r in runs] == ["announced"] * 5
     ends = [r["end_step"] for r in runs]
