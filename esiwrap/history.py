@@ -26,7 +26,8 @@ bursts, so a fresh one weighs fully and a storm that is over fades within a day 
 
 **The no-progress guard** (`no_progress`) looks at the last runs: N consecutive runs whose
 durable step did not advance mean the next one will not either (a slot shorter than a step plus a
-save, a trainer that never resumes, uploads that always fail).
+save, a trainer that never resumes, uploads that always fail). A run interrupted without notice
+before it could save is bad luck, not a broken job: it is left out.
 
 Everything here is pure: times are arguments.
 """
@@ -191,10 +192,13 @@ def no_progress(runs: Sequence[RunRecord], limit: int, step_s: float | None = No
                 save_s: float | None = None) -> NoProgress | None:
     """The last `limit` runs (ended, newest last) all failed to advance the durable step, and none
     of them was stopped by this guard (a run the guard stopped ends the streak: a job started again
-    by hand after the fix runs): a verdict, else None. `limit` 0 disables the guard."""
+    by hand after the fix runs): a verdict, else None. Runs interrupted without notice that made
+    no progress are left out. `limit` 0 disables the guard."""
     if limit <= 0:
         return None
-    ended = [r for r in runs if r.ending != "running"]
+    # A run taken away without notice before it could save says nothing of the job (bad luck, not
+    # a broken job): it neither counts nor ends the count.
+    ended = [r for r in runs if r.ending not in ("running", "interrupted") or r.progressed]
     streak: list[RunRecord] = []
     for run in reversed(ended):
         if run.progressed or run.ending == "no_progress":

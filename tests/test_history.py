@@ -121,6 +121,15 @@ def test_the_guard_stops_only_after_limit_runs_without_progress(history: list[tu
         assert len(verdict.runs) == limit and verdict.fields()["cause"]
 
 
+def test_runs_interrupted_without_notice_before_a_save_do_not_count() -> None:
+    """A stormy pool took three runs before they could save: bad luck, not a broken job. They do
+    not end a count either."""
+    unlucky = [RunRecord(0.0, 600.0, ending="interrupted", start_step=5, end_step=5)] * 3
+    assert no_progress(unlucky, 3) is None
+    short = RunRecord(0.0, 100.0, ending="announced", start_step=5, end_step=5)
+    assert no_progress([short, unlucky[0], short, short], 3) is not None
+
+
 def test_the_likely_cause() -> None:
     too_short = [RunRecord(0.0, 100.0, ending="announced") for _ in range(3)]
     verdict = no_progress(too_short, 3, step_s=60.0, save_s=60.0)
