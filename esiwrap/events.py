@@ -181,8 +181,8 @@ UPLOAD_GIVEN_UP = _event(
 # ---------------------------------------------------------------------------- state and resumes
 STATE_LOADED = _event(
     "state_loaded", STATE, "`--state-file` was read at the start",
-    "path, steps, saves, longest_save_s, uploads, longest_upload_s, checkpoint_step, age_s (or "
-    "note: no state file yet)")
+    "path, steps, saves, longest_save_s, uploads, longest_upload_s, checkpoint_step, runs (the "
+    "job's history: earlier runs recorded), age_s (or note: no state file yet)")
 STATE_IGNORED = _event(
     "state_ignored", STATE, "the state file was not used (warning)",
     "path, reason (corrupt, not an esiwrap state file, stale, unreadable)")

@@ -646,6 +646,7 @@ def _load_state(path: str | None, now: float) -> tuple[state.JobState | None, Lo
         "longest_save_s": max(loaded.saves) if loaded.saves else None,
         "uploads": len(loaded.uploads), "longest_upload_s": max(loaded.uploads) if loaded.uploads else None,
         "checkpoint_step": loaded.checkpoint.step if loaded.checkpoint is not None else None,
+        "runs": len(loaded.runs),
         "age_s": round(now - loaded.updated_at, 3),
     })
 
