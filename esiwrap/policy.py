@@ -619,7 +619,7 @@ def next_save(
         attached = obs.step_started_at is not None  # a trainer said what it knows (its size)
         early = max(UPLOAD_CALIBRATION_MIN_S,
                     save_estimate_s(obs, config, "final") + upload_estimate_s(obs, config))
-        if attached and measure_upload_early(obs, config) and insurance.signal_at - now > early:
+        if attached and measure_upload_early(obs, config) and insurance.nominal_at - now > early:
             return _calibration(obs, config, now, upload=True)  # (not when the insurance is next anyway)
         if horizon is not None and attached and deadline - now > horizon and obs.upload_started_at is None:
             return _calibration(obs, config, now)
