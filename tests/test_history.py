@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 from freezegun import freeze_time
-from hypothesis import given
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from esiwrap import state
@@ -36,6 +36,8 @@ from esiwrap.policy import (
 )
 
 DAY = 86_400.0
+# No wall-clock bound: the suite runs beside busy loops, and these are pure functions.
+UNTIMED = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 def spot_run(start: float, hours: float, interrupted: bool, nodes: int = 1) -> RunRecord:
@@ -43,11 +45,13 @@ def spot_run(start: float, hours: float, interrupted: bool, nodes: int = 1) -> R
                      ending="interrupted" if interrupted else "announced", start_step=1, end_step=2)
 
 
+@UNTIMED
 @given(default=st.floats(1e-4, 100.0), prior=st.floats(0.01, 10.0))
 def test_with_no_history_the_rate_is_the_default(default: float, prior: float) -> None:
     assert math.isclose(posterior_rate(default, Evidence(), prior), default, rel_tol=1e-9)
 
 
+@UNTIMED
 @given(default=st.floats(0.01, 50.0), true_rate=st.floats(1e-3, 50.0), prior=st.floats(0.01, 2.0))
 def test_much_history_outweighs_the_prior(default: float, true_rate: float, prior: float) -> None:
     """10,000 node-days at the true rate: the posterior is the job's own rate, whatever the default."""
@@ -56,6 +60,7 @@ def test_much_history_outweighs_the_prior(default: float, true_rate: float, prio
     assert math.isclose(learned, true_rate, rel_tol=0.05, abs_tol=prior / days * 2)
 
 
+@UNTIMED
 @given(k=st.floats(0, 50), days=st.floats(0.01, 100), more=st.floats(0.01, 10))
 def test_an_interruption_raises_the_rate_and_calm_exposure_lowers_it(k: float, days: float,
                                                                       more: float) -> None:
@@ -101,6 +106,7 @@ def test_the_rate_and_its_basis_name_the_job_history() -> None:
     assert math.isclose(rate_256, 256 * NODE_FAILURE_RATE_PER_DAY) and "x 256 nodes" in basis_256
 
 
+@UNTIMED
 @given(st.lists(st.tuples(st.booleans(), st.booleans()), max_size=12), st.integers(0, 5))
 def test_the_guard_stops_only_after_limit_runs_without_progress(history: list[tuple[bool, bool]],
                                                                  limit: int) -> None:
@@ -163,6 +169,7 @@ def test_vanished_runs_are_closed_as_interruptions() -> None:
     assert [r.ending for r in closed] == ["interrupted", "running", "interrupted"]
 
 
+@UNTIMED
 @given(st.builds(RunRecord, started_at=st.floats(0, 1e9), seen_at=st.floats(1e9, 2e9),
                  run_id=st.text(max_size=8), nodes=st.integers(1, 4096),
                  capacity=st.sampled_from([None, "spot", "reserved", "on-demand"]),
