@@ -73,7 +73,6 @@ class RunRecord:
     saves: int = 0  # checkpoints it completed
     uploads: int = 0  # uploads it completed (`--upload`)
     uploads_failed: int = 0
-    resumed_step: int | None = None  # the step its trainer started from, when it said
     host: str = ""  # the instance it ran on
 
     @property
@@ -236,7 +235,7 @@ def _likely_cause(runs: Sequence[RunRecord], step_s: float | None, save_s: float
 def record_to_json(run: RunRecord) -> dict[str, Any]:
     out: dict[str, Any] = {"started_at": round(run.started_at, 3), "seen_at": round(run.seen_at, 3),
                            "nodes": run.nodes, "ending": run.ending}
-    for key in ("run_id", "host", "capacity", "source", "start_step", "end_step", "resumed_step"):
+    for key in ("run_id", "host", "capacity", "source", "start_step", "end_step"):
         value = getattr(run, key)
         if value not in (None, ""):
             out[key] = value
@@ -258,14 +257,14 @@ def record_from_json(obj: object) -> RunRecord | None:
     if ending not in ENDINGS or (capacity is not None and capacity not in KINDS):
         return None
     counts = {k: obj.get(k, 0) for k in ("nodes", "saves", "uploads", "uploads_failed")}
-    steps = {k: obj.get(k) for k in ("start_step", "end_step", "resumed_step")}
+    steps = {k: obj.get(k) for k in ("start_step", "end_step")}
     if not all(_count(v) for v in counts.values()) or not all(v is None or _count(v) for v in steps.values()):
         return None
     run_id, source, host = (obj.get(k, "") for k in ("run_id", "source", "host"))
     return RunRecord(float(started), float(seen), run_id if isinstance(run_id, str) else "",
                      max(1, counts["nodes"]), capacity, source if isinstance(source, str) else "", ending,
                      steps["start_step"], steps["end_step"], counts["saves"], counts["uploads"],
-                     counts["uploads_failed"], steps["resumed_step"], host if isinstance(host, str) else "")
+                     counts["uploads_failed"], host if isinstance(host, str) else "")
 
 
 def _number(value: object) -> TypeGuard[float]:
