@@ -33,6 +33,7 @@ from typing import Any, NoReturn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from jobs import JOB_FAMILIES, play_job
 from runners import Outcome, run_esiwrap, run_oracle, run_reference, run_verl
 from traces import FAMILIES, SURPRISE_FAMILIES, Params, Scenario, generate
 
@@ -173,24 +174,25 @@ def markdown(summaries: Sequence[Summary], params: Params, runs: int, seed: int)
     return "\n".join(lines)
 
 
-# Issue 17's targets (issue 10's for asynchronous saves against the oracle).
-VERL_TARGET_1H, VERL_TARGET_LONG = 1.0, 1.5  # x the better verl variant, no surprises
-REFERENCE_TARGET = 1.1  # x the reference policy, with surprise interruptions
+# Issue 27's targets (issue 10's for asynchronous saves against the oracle).
+VERL_TARGET_1H, VERL_TARGET_LONG = 1.0, 1.0  # x the better verl variant, no surprises
+REFERENCE_TARGET = 1.05  # x the reference policy, with surprise interruptions
 ASYNC_TARGET, SYNC_TARGET = 1.3, 2.0  # x the oracle, no surprises
 
 
 def targets_table(summaries: Sequence[Summary]) -> list[str]:
     """esiwrap (defaults) against the targets, family by family and horizon: no miss; without
     surprises, work lost (a miss counted as the whole run) no more than the better verl variant
-    at 1 h and at most 1.5x it at 8 h and 24 h, within 2x the oracle (1.3x for asynchronous
-    saves); with surprises, at most 1.1x the reference policy."""
+    at every horizon, within 2x the oracle (1.3x for asynchronous saves); with surprises, at most
+    1.05x the reference policy."""
     by = {(s.horizon_s, s.family, s.policy): s for s in summaries}
     verls = [p for p in dict.fromkeys(s.policy for s in summaries) if p.split()[0] == "verl"]
     if "esiwrap" not in {s.policy for s in summaries} or not verls:
         return []
     lines = ["#### esiwrap (defaults) against the targets", "",
              "Mean work lost in seconds, a miss counted as the whole run. ✓/✗: zero misses; without "
-             f"surprises, ≤ the better verl variant at 1 h and ≤ {VERL_TARGET_LONG:g}× it at 8 h and 24 h, "
+             f"surprises, ≤ {VERL_TARGET_1H:g}× the better verl variant at 1 h and ≤ {VERL_TARGET_LONG:g}× "
+             "it at 8 h and 24 h, "
              f"≤ {SYNC_TARGET:g}× the oracle ({ASYNC_TARGET:g}× for asynchronous saves); with surprise "
              f"interruptions, ≤ {REFERENCE_TARGET:g}× the reference policy.", "",
              "| family | horizon | esiwrap missed | esiwrap lost | better verl lost | oracle lost "
@@ -234,6 +236,55 @@ def _mark(ok: bool) -> str:
     return "✓" if ok else "✗"
 
 
+# ---------------------------------------------------------------------------------- jobs
+JOB_POLICIES = ("esiwrap", "reference")
+JOB_TARGET = 1.1  # x the reference, by the third run of a job (calm and stormy pools)
+
+
+def simulate_jobs_one(family: str, jobs: int, runs: int, seed: int, params: Params, horizon: float,
+                      policies: Sequence[str]) -> dict[str, Any]:
+    runners = {p: make_runner(p, params) for p in policies}
+    played = [play_job(family, job, runs, seed, params, horizon, runners) for job in range(jobs)]
+    rows = []
+    for k in range(runs):
+        at_k = [job[k] for job in played]
+        ran = [r for r in at_k if not r.stopped]
+        lost = {p: (sum(r.lost[p] for r in ran) / len(ran) if ran else None) for p in policies}
+        rows.append({"run": k + 1, "jobs": len(at_k), "stopped": len(at_k) - len(ran),
+                     "surprised": sum(r.surprised for r in ran), "lost": lost})
+    return {"family": family, "horizon_s": horizon, "jobs": jobs, "runs": runs, "rows": rows}
+
+
+def simulate_jobs(families: Sequence[str], policies: Sequence[str], jobs: int, runs: int, seed: int,
+                  params: Params, horizons: Sequence[float], workers: int = 1) -> list[dict[str, Any]]:
+    tasks = [(f, jobs, runs, seed, params, h, tuple(policies)) for h in horizons for f in families]
+    if workers <= 1:
+        return [simulate_jobs_one(*task) for task in tasks]
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        return list(pool.map(simulate_jobs_one, *zip(*tasks, strict=True)))
+
+
+def jobs_markdown(results: Sequence[dict[str, Any]], seed: int) -> str:
+    """Run by run of the jobs: work lost by esiwrap (learning from the job's history) and by the
+    reference (the true rate from the start), and the runs the no-progress guard stopped."""
+    lines = [f"Seed {seed}. Mean work lost in seconds per run of a job (a run with no save counted "
+             "whole); 'stopped': jobs whose run the no-progress guard stopped (then not counted).", ""]
+    for result in results:
+        policies = list(result["rows"][0]["lost"])
+        lines += [f"#### {result['family']}, {horizon_label(result['horizon_s'])}, {result['jobs']} jobs", "",
+                  "| run | " + " | ".join(f"`{p}` lost" for p in policies)
+                  + " | ÷ reference | interrupted | stopped by the guard |",
+                  "|--:|" + "--:|" * len(policies) + "--:|--:|--:|"]
+        for row in result["rows"]:
+            lost = row["lost"]
+            ours, ref = lost.get("esiwrap"), lost.get("reference")
+            ratio = f"{ours / ref:.2f}" if ours is not None and ref else "–"
+            lines.append(f"| {row['run']} | " + " | ".join(_s(lost[p]) for p in policies)
+                         + f" | {ratio} | {row['surprised']} | {row['stopped']} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
 # ---------------------------------------------------------------------------------- command line
 def _pair(text: str) -> tuple[float, float]:
     low, _, high = text.partition(",")
@@ -264,6 +315,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compare", nargs=2, metavar=("BEFORE", "AFTER"),
                    help="simulate nothing: the before -> after table of esiwrap (the first --policy "
                    "naming esiwrap, else esiwrap at its defaults) from two --json files")
+    p.add_argument("--job-runs", type=int, metavar="N",
+                   help="simulate jobs instead: N consecutive runs sharing one state file, --runs jobs "
+                   "of each job family (" + ",".join(JOB_FAMILIES) + "), esiwrap against the reference")
+    p.add_argument("--job-families", default=",".join(JOB_FAMILIES), help="with --job-runs: which")
     g = p.add_argument_group("traces")
     g.add_argument("--horizons", type=_horizons, default=list(HORIZONS.values()),
                    help="times to the deadline (±10 %%), each a set of runs: 1h,8h,24h (default) or seconds")
@@ -348,6 +403,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         named = [p for p in ns.policies or [] if p.split()[0] == "esiwrap"]
         print("\n".join(compare_table(*documents, named[0] if named else "esiwrap")))
         return 0
+    if ns.job_runs is not None:
+        return jobs_main(ns)
     families = [f.strip() for f in ns.families.split(",") if f.strip()]
     unknown = [f for f in families if f not in FAMILIES]
     if unknown:
@@ -375,6 +432,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(markdown(summaries, params, ns.runs, ns.seed))
     print(f"\n({len(families)} families x {len(horizons)} horizons x {len(policies)} policies x "
           f"{ns.runs} runs in {elapsed:.1f} s)")
+    return 0
+
+
+def jobs_main(ns: argparse.Namespace) -> int:
+    if ns.job_runs < 1:
+        usage_error("--job-runs: give a number of runs, 1 or more")
+    families = [f.strip() for f in ns.job_families.split(",") if f.strip()]
+    unknown = [f for f in families if f not in JOB_FAMILIES]
+    if unknown:
+        usage_error(f"--job-families: unknown {', '.join(unknown)}; choose from {', '.join(JOB_FAMILIES)}")
+    policies = ns.policies or list(JOB_POLICIES)
+    for spec in policies:
+        make_runner(spec)
+    horizons = [ns.horizon] if ns.horizon is not None else ns.horizons
+    started = time.perf_counter()
+    results = simulate_jobs(families, policies, ns.runs, ns.job_runs, ns.seed, params_from(ns), horizons,
+                            ns.jobs)
+    elapsed = time.perf_counter() - started
+    if ns.json:
+        with open(ns.json, "w", encoding="utf-8") as out:
+            json.dump({"seed": ns.seed, "jobs": ns.runs, "job_runs": ns.job_runs,
+                       "elapsed_s": round(elapsed, 3), "results": results}, out, indent=2)
+    print(jobs_markdown(results, ns.seed))
+    print(f"\n({len(families)} job families x {len(horizons)} horizons x {ns.runs} jobs x {ns.job_runs} runs "
+          f"in {elapsed:.1f} s)")
     return 0
 
 

@@ -10,6 +10,7 @@ EXIT_NOT_RUNNING = 3  # `esiwrap status`: no esiwrap is running (or none with th
 EXIT_NOT_UPLOADED = 74  # EX_IOERR: checkpoint complete on local storage only; its upload did not finish
 EXIT_CHECKPOINTED = 75  # EX_TEMPFAIL: stopped after a completed checkpoint; resume elsewhere
 EXIT_SAVE_MISSED = 76  # stopped with no acknowledged checkpoint (deadline passed, or nothing attached)
+EXIT_NO_PROGRESS = 78  # EX_CONFIG: not started, the job's last runs made no progress (--max-no-progress-runs)
 EXIT_NOT_EXECUTABLE = 126
 EXIT_NOT_FOUND = 127
 

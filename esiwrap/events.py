@@ -181,8 +181,8 @@ UPLOAD_GIVEN_UP = _event(
 # ---------------------------------------------------------------------------- state and resumes
 STATE_LOADED = _event(
     "state_loaded", STATE, "`--state-file` was read at the start",
-    "path, steps, saves, longest_save_s, uploads, longest_upload_s, checkpoint_step, age_s (or "
-    "note: no state file yet)")
+    "path, steps, saves, longest_save_s, uploads, longest_upload_s, checkpoint_step, runs (the "
+    "job's history: earlier runs recorded), age_s (or note: no state file yet)")
 STATE_IGNORED = _event(
     "state_ignored", STATE, "the state file was not used (warning)",
     "path, reason (corrupt, not an esiwrap state file, stale, unreadable)")
@@ -192,6 +192,12 @@ STATE_NOT_SAVED = _event(
 RESUMED = _event(
     "resumed", STATE, "the trainer started from the durable checkpoint the state file names",
     "checkpoint_step, start_step, steps_redone, path, checkpoint_at")
+NO_PROGRESS = _event(
+    "no_progress", STATE, "the job's last `--max-no-progress-runs` runs did not advance its durable "
+    "step: this run is not started, exit 78 (error)",
+    "path, limit, runs (each: run_id, hours, ending, start_step, end_step, saves, uploads, "
+    "uploads_failed), steps, cause (slot shorter than a step plus a save; resume failing; uploads "
+    "failing), fix")
 RESUME_MISSED = _event(
     "resume_missed", STATE, "the trainer started from scratch or further back (warning)",
     "checkpoint_step, start_step, steps_redone, path, checkpoint_at, started, causes")

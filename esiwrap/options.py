@@ -80,6 +80,14 @@ def _rate(text: str) -> float | None:
     return value
 
 
+def _runs(text: str) -> int:
+    value = int(text.strip())
+    if value < 0:
+        msg = "must be a number of runs, 0 (off) or more"
+        raise ValueError(msg)
+    return value
+
+
 def _state_file(text: str) -> str:
     path = file_in_existing_dir(
         text, name_a_file="name a file in it, e.g. /mnt/checkpoints/job/esiwrap-state.json",
@@ -196,6 +204,14 @@ RUN_OPTIONS = (
                "outlives the instance. The next run plans with them from its first save and checks "
                "that the trainer resumed from that checkpoint (`resumed`, `resume_missed`). Its "
                "directory must exist."),
+    Option("--max-no-progress-runs", _runs, 3, "3", "stop a job whose runs make no progress",
+           section="uploads", value_name="N",
+           see="uploads-and-resumes.md#a-job-that-makes-no-progress-is-stopped",
+           doc="With `--state-file`: after N consecutive runs of the job whose durable step did not "
+               "advance, the next run does not start its command: it logs `no_progress` (the runs, "
+               "the steps, the likely cause and the fix) and exits 78, which `--slurm-requeue` does "
+               "not requeue and the systemd unit does not restart. A run it stopped ends the count, "
+               "so a job started again after the fix runs. `0` turns the guard off."),
     Option("--probe-storage", boolean, True, "false", "measure the checkpoint storage's speed",
            section="policy", see=FIRST_SAVE,
            doc="Before the first save, write a bounded temporary file (at most 1 GiB or 2 s, removed "

@@ -52,14 +52,25 @@ from dataclasses import dataclass
 from typing import Literal
 
 from esiwrap.deadline.value import CapacityKind
+from esiwrap.history import PRIOR_INTERRUPTIONS, Evidence, RunRecord, evidence, posterior_rate, rate_basis
 
 SAVE_SAFETY_FACTOR = 1.25  # insurance: checkpoint writes vary with disk and page cache
 UPLOAD_SAFETY_FACTOR = 1.5  # uploads cross a shared network: their times vary more than writes
 FINAL_SAVE_FACTOR = 1.05  # final saves: a late one loses nothing, so aim closer
 FINAL_STEP_QUANTILES = (0.5, 0.75, 0.9, 0.95, 0.99, 1.0)  # the candidates for a final save's step
-INSURANCE_WORTH_FACTOR = 10.0  # an insurance save must protect this many times its cost in work
+FINAL_OWN_STEPS = 20  # a final save plans with this run's own steps once it has this many
+# The insurance save is taken by its value: where the chance that the final save fails (the end
+# comes early, an interruption in between) times the work it protects exceeds its cost. A deadline
+# is taken away early (clock skew, a cloud that starts early) about this often: the simulator's
+# traces, and the one-in-ten that keeps the earlier rule (protect 10x the cost) where nothing else
+# threatens the final save.
+EARLY_END_PROB = 0.1
+INSURANCE_WORTH_FACTOR = 1.0 / EARLY_END_PROB  # with no interruptions: protect 10x its cost
 CALIBRATION_HORIZON_FACTOR = 20.0  # calibrate when the deadline is this many unmeasured saves away
 CALIBRATION_MIN_HORIZON_S = 3600.0  # ...and at least an hour away
+# An unmeasured upload is measured by a save at once where the insurance save is further away than
+# this (and than that save and its guessed upload): closer, the insurance save is the first anyway.
+UPLOAD_CALIBRATION_MIN_S = 600.0
 # No periodic save when the insurance save comes within this x interval: a periodic save `gap`
 # before it saves `interval` of work for each interruption in that gap, so it pays for itself when
 # rate x gap x interval > its cost; with Young/Daly's interval (cost = rate x interval^2 / 2) that
@@ -115,6 +126,8 @@ class Prior:
     saves: Sequence[float] = ()
     blocking: Sequence[float] = ()  # the blocking part of asynchronous saves
     uploads: Sequence[float] = ()  # `--upload`: how long the uploads of checkpoints took
+    runs: Sequence[RunRecord] = ()  # the job's earlier runs (`esiwrap.history`), ended
+    runs_at: float = 0.0  # when this run started: the runs' ages count from it
 
 
 @dataclass(frozen=True)
@@ -176,6 +189,7 @@ class Observations:
         self.prior = prior or Prior()
         self.blocking: list[float] = []  # how long each save esiwrap asked for stopped training
         self.last_step: int | None = None
+        self.own_intervals = 0  # intervals of this run in the window (the rest: the state file's)
         self.step_started_at: float | None = None  # wall time the running step began
         self.checkpoint_at: float | None = None  # wall time of the boundary the last checkpoint holds
         self.checkpoint_bytes: float | None = None  # how much a checkpoint writes, as the trainer said
@@ -238,6 +252,7 @@ class Observations:
         interval = max(0.0, duration_s - self._exclude_next_s)
         self._exclude_next_s = 0.0
         self.intervals.append(interval)
+        self.own_intervals = min(self.own_intervals + 1, self.intervals.maxlen or self.own_intervals + 1)
         self._sorted = None
         self.last_step = step
         self.step_started_at = at
@@ -327,6 +342,8 @@ def final_step_estimate_s(obs: Observations, config: PolicyConfig, room_s: float
     if not obs.intervals:
         return None
     values = obs.sorted_intervals()
+    if obs.own_intervals >= FINAL_OWN_STEPS and obs.own_intervals < len(obs.intervals):
+        values = sorted(list(obs.intervals)[-obs.own_intervals:])  # this run's steps, not an earlier one's
     best: tuple[float, float] | None = None
     for q in FINAL_STEP_QUANTILES:
         if q > config.step_quantile and best is not None:
@@ -450,21 +467,42 @@ def save_cost_s(obs: Observations, config: PolicyConfig) -> float:
     return prior if prior is not None else config.save_duration_s
 
 
+def default_rate(kind: CapacityKind | None) -> float:
+    """The capacity kind's interruptions a day without notice, per node (per job when unknown)."""
+    if kind == "spot":
+        return SPOT_RATE_PER_DAY
+    if kind in ("reserved", "on-demand"):
+        return NODE_FAILURE_RATE_PER_DAY
+    return UNKNOWN_RATE_PER_DAY
+
+
+def job_evidence(obs: Observations) -> Evidence:
+    """This job's own interruptions and exposure on the capacity it runs on now (the state file)."""
+    return evidence(obs.prior.runs, obs.capacity.kind, obs.prior.runs_at)
+
+
 def interruption_rate(obs: Observations, config: PolicyConfig) -> tuple[float, str]:
-    """Interruptions a day that periodic saves guard against, and where the figure comes from:
-    `--interruption-rate`, else the capacity's kind (spot: per instance; reserved or on-demand:
-    node failures, per node), else one a day."""
+    """Interruptions a day that periodic saves guard against, and what the figure rests on:
+    `--interruption-rate`, else the posterior mean of the capacity kind's default (spot: per
+    instance; reserved or on-demand: node failures, per node; unknown: one a day) updated with the
+    job's own history of runs (`esiwrap.history`), times the job's nodes."""
     if config.interruption_rate_per_day is not None:
         return config.interruption_rate_per_day, "--interruption-rate"
     capacity = obs.capacity
-    nodes = max(1, capacity.nodes)
+    nodes = max(1, capacity.nodes) if capacity.kind is not None else 1
     on = f" ({capacity.source})" if capacity.source else ""
     of_nodes = f" x {nodes} nodes" if nodes > 1 else ""
+    default = default_rate(capacity.kind)
+    seen = job_evidence(obs)
+    learned = posterior_rate(default, seen, PRIOR_INTERRUPTIONS[capacity.kind])
+    history = rate_basis(seen)
     if capacity.kind == "spot":
-        return SPOT_RATE_PER_DAY * nodes, f"spot capacity{on}{of_nodes}"
-    if capacity.kind in ("reserved", "on-demand"):
-        return NODE_FAILURE_RATE_PER_DAY * nodes, f"node failures on {capacity.kind} capacity{on}{of_nodes}"
-    return UNKNOWN_RATE_PER_DAY, "the capacity's kind is unknown"
+        what = f"spot capacity{on}: default {default:g}/day per instance"
+    elif capacity.kind in ("reserved", "on-demand"):
+        what = f"node failures on {capacity.kind} capacity{on}: default 1 in {1 / default:.0f} node-days"
+    else:
+        what = f"the capacity's kind is unknown: default {default:g}/day"
+    return learned * nodes, f"{what}, {history}{of_nodes}"
 
 
 def periodic_interval_s(obs: Observations, config: PolicyConfig) -> float | None:
@@ -571,9 +609,23 @@ def _periodic(obs: Observations, config: PolicyConfig, interval_s: float, now: f
     return SavePlan("periodic", signal_at, step, cost, 0.0, due - step, why)
 
 
-def _calibration(obs: Observations, config: PolicyConfig, now: float) -> SavePlan:
+def measure_upload_early(obs: Observations, config: PolicyConfig) -> bool:
+    """`--upload` and no upload measured (in this run or by an earlier one), none running, no
+    checkpoint of this run yet, and the step known: save now, so that the upload's duration is
+    learned while a miss is still impossible (a guessed upload is the one estimate no prior
+    replaces). `next_save` takes it where the insurance save is further away than such a save
+    and its guessed upload, and UPLOAD_CALIBRATION_MIN_S (else the insurance save is the first
+    save anyway)."""
+    return (config.uploads and obs.longest_upload_s is None and obs.upload_started_at is None
+            and not obs.saves and bool(obs.intervals))
+
+
+def _calibration(obs: Observations, config: PolicyConfig, now: float, upload: bool = False) -> SavePlan:
     why = ("calibration: no save measured yet, nothing known of its size, and the deadline is hours "
            "away; measure one now (it is a checkpoint too)")
+    if upload:
+        why = ("calibration: no upload measured yet (--upload-duration is a guess); save now so that "
+               "its upload is measured while a miss is impossible (it is a checkpoint too)")
     return SavePlan("calibration", now, step_estimate_s(obs, config) or 0.0, config.save_duration_s,
                     0.0, now, why)
 
@@ -593,9 +645,13 @@ def next_save(
         insurance = plan_save(deadline, obs, config, "insurance")
         horizon = calibration_horizon_s(obs, config)
         attached = obs.step_started_at is not None  # a trainer said what it knows (its size)
-        if horizon is not None and attached and deadline - now > horizon:
+        early = max(UPLOAD_CALIBRATION_MIN_S,
+                    save_estimate_s(obs, config, "final") + upload_estimate_s(obs, config))
+        if attached and measure_upload_early(obs, config) and insurance.nominal_at - now > early:
+            return _calibration(obs, config, now, upload=True)  # (not when the insurance is next anyway)
+        if horizon is not None and attached and deadline - now > horizon and obs.upload_started_at is None:
             return _calibration(obs, config, now)
-        if recent_checkpoint_insures(insurance, obs, config):
+        if recent_checkpoint_insures(insurance, obs, config, deadline):
             return next_save(deadline, obs, config, 1, now)
         interval = periodic_interval_s(obs, config)
         if interval is not None:
@@ -609,20 +665,34 @@ def next_save(
     if not config.final_save:
         return None
     insurance = plan_save(deadline, obs, config, "insurance")
-    if insurance.signal_at >= now and not recent_checkpoint_insures(insurance, obs, config) \
+    if insurance.signal_at >= now and not recent_checkpoint_insures(insurance, obs, config, deadline) \
             and not upload_waits_too_long(insurance, deadline, obs, config):
         return insurance  # the last checkpoint is far back (an unmeasured guess): insure again
     plan = plan_save(deadline, obs, config, "final")
     return plan if plan.signal_at >= now and not upload_waits_too_long(plan, deadline, obs, config) else None
 
 
-def recent_checkpoint_insures(insurance: SavePlan, obs: Observations, config: PolicyConfig) -> bool:
+def final_fails_prob(insurance: SavePlan, deadline: float, obs: Observations, config: PolicyConfig) -> float:
+    """The chance that the final save does not hold the work the insurance save would: the end
+    comes early (EARLY_END_PROB), or an interruption without notice comes between the insurance
+    moment and the deadline (the job's rate, `interruption_rate`)."""
+    rate_per_day, _ = interruption_rate(obs, config)
+    gap = max(0.0, deadline - insurance.signal_at)
+    return 1.0 - (1.0 - EARLY_END_PROB) * math.exp(-rate_per_day / SECONDS_PER_DAY * gap)
+
+
+def recent_checkpoint_insures(insurance: SavePlan, obs: Observations, config: PolicyConfig,
+                              deadline: float | None = None) -> bool:
     """A checkpoint of this run (the trainer's own, a periodic one) is recent enough that the
-    insurance save would protect less than INSURANCE_WORTH_FACTOR times its own cost in work:
-    it takes the insurance save's place, and the final save is planned right away."""
+    insurance save is worth less than it costs: the chance that the final save fails
+    (`final_fails_prob`) times the work it would protect (since that checkpoint) is below the
+    cost of a save. It takes the insurance save's place, and the final save is planned right
+    away. With no checkpoint the insurance is always taken: a failed final save would be a miss."""
     if not obs.saves or obs.checkpoint_at is None:
         return False
-    return insurance.signal_at - obs.checkpoint_at < INSURANCE_WORTH_FACTOR * save_cost_s(obs, config)
+    at = deadline if deadline is not None else insurance.signal_at + needed_s(insurance)
+    protected = insurance.signal_at - obs.checkpoint_at
+    return final_fails_prob(insurance, at, obs, config) * protected < save_cost_s(obs, config)
 
 
 def replan(

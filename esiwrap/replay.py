@@ -25,6 +25,7 @@ from esiwrap import controller as core
 from esiwrap.controller import Controller, ControllerConfig, Now
 from esiwrap.deadline import Answer, Deadline
 from esiwrap.deadline.value import CapacityKind
+from esiwrap.history import RunRecord
 from esiwrap.policy import PolicyConfig, Prior
 
 
@@ -57,6 +58,8 @@ class Trace:
     surprised: bool = False  # ...and then this is true: the run never met its deadline
     uploads: list[float] | None = None  # `--upload`: the upload of a checkpoint of step k takes uploads[k-1]
     prior_uploads: tuple[float, ...] = ()  # the previous run's state file: measured uploads
+    prior_runs: tuple[RunRecord, ...] = ()  # ...and the job's history of runs (`esiwrap.history`)
+    prior_runs_at: float = 0.0  # when this run starts, on the history's clock
 
     def blocking_s(self, step: int) -> float:
         """How long a save at this step's boundary stops training."""
@@ -201,8 +204,9 @@ class _Shell:
     """
 
     def __init__(self, trace: Trace, config: ControllerConfig, tally: Tally) -> None:
-        prior = Prior(trace.prior_steps, trace.prior_saves, (), trace.prior_uploads) \
-            if trace.prior_saves or trace.prior_uploads else None
+        known = trace.prior_saves or trace.prior_uploads or trace.prior_runs
+        prior = Prior(trace.prior_steps, trace.prior_saves, (), trace.prior_uploads, trace.prior_runs,
+                      trace.prior_runs_at) if known else None
         self.controller = Controller(config, prior=prior)
         self.tally = tally
         self.trace = trace

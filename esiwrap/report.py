@@ -153,6 +153,8 @@ class RunReport:
     work_at_risk: dict[str, Any] = field(default_factory=dict)
     uploads: list[dict[str, Any]] = field(default_factory=list)  # --upload: each upload's end
     resume: dict[str, Any] | None = None  # resumed / resume_missed: where the trainer started
+    # the interruption rate the periodic saves assumed, and what it rests on (the last periodic plan)
+    interruption_rate: str | None = None
     warnings: list[dict[str, Any]] = field(default_factory=list)
     timeline: list[dict[str, Any]] = field(default_factory=list)
 
@@ -170,6 +172,7 @@ def summarize(events: Sequence[Event]) -> RunReport:
     _steps(report, events)
     _ending(report, events)
     _uploads_and_resume(report, events)
+    report.interruption_rate = _interruption_rate(events)
     report.work_at_risk = _work_at_risk(report, events, start, end)
     report.warnings = [_brief(e, start) for e in events
                        if e.get("level") in ("warning", "error", "critical")]
@@ -303,6 +306,17 @@ def _uploads_and_resume(report: RunReport, events: Sequence[Event]) -> None:
             report.resume = {"from_checkpoint": name == ev.RESUMED, "at": e["timestamp"],
                              **{key: e.get(key) for key in ("checkpoint_step", "start_step",
                                                             "steps_redone", "causes")}}
+
+
+def _interruption_rate(events: Sequence[Event]) -> str | None:
+    """The rate the last periodic plan assumed, as its `why` says it: `Young/Daly for R
+    interruption(s) a day: what it rests on; ...`."""
+    for e in reversed(events):
+        why = e.get("why")
+        if e["event"] == ev.SAVE_SCHEDULED and e.get("kind") == "periodic" and isinstance(why, str) \
+                and "Young/Daly for " in why:
+            return why.split("Young/Daly for ", 1)[1].rsplit("; a save stops training", 1)[0]
+    return None
 
 
 def exit_meaning(code: Any) -> str | None:
@@ -557,6 +571,8 @@ def _render_run(run: RunReport) -> str:
     out += _render_resume(run)  # where the run started, before what it did
     out += _render_deadline(run)
     out += _render_saves(run)
+    if run.interruption_rate:
+        out.append(_row("rate", run.interruption_rate))
     out += _render_steps(run)
     out += _render_stop(run)
     out += _render_uploads(run)

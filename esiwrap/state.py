@@ -7,11 +7,18 @@ the runs measured; a new run plans its first save with them instead of a guess. 
     {"format": "esiwrap-state/1", "updated_at": 1796008906.1, "command": ["python", "train.py"],
      "steps": [1.02, 0.98, ...], "saves": [61.3, 58.9], "blocking": [4.1], "uploads": [240.5],
      "checkpoint": {"step": 1200, "path": "/ckpt/global_step_1200", "at": 1796008850.3,
-                    "durable": "upload"}}
+                    "durable": "upload"},
+     "runs": [{"started_at": 1796001706.0, "seen_at": 1796008906.1, "nodes": 1, "capacity": "spot",
+               "source": "aws-spot", "ending": "announced", "start_step": 900, "end_step": 1200,
+               "saves": 3}]}
 
 `checkpoint` is the last durable checkpoint: with `--upload`, the last one whose upload completed
 (`durable: upload`); without, the last one completed (`durable: completed`). The next run checks
 that the trainer really resumed from it (`resumed`, `resume_missed`).
+
+`runs` is the job's history (`esiwrap.history`): one record per run, the newest KEEP_RUNS. A run
+adds its record as it starts, refreshes it while it runs and closes it with how it ended; the
+interruption rate is learned from it and the no-progress guard reads it.
 
 Reading is strict and never fatal: a file that is not there is the first run; a file that cannot
 be parsed, is not ours, holds values that are not durations, or is older than MAX_AGE_S is ignored
@@ -25,10 +32,11 @@ import json
 import math
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeGuard
 
 from esiwrap.controller import Checkpoint
+from esiwrap.history import KEEP_RUNS, RunRecord, close_vanished, record_from_json, record_to_json
 from esiwrap.policy import Prior
 
 FORMAT = "esiwrap-state/1"
@@ -48,9 +56,22 @@ class JobState:
     uploads: tuple[float, ...] = ()
     checkpoint: Checkpoint | None = None
     checkpoint_durable: str = ""  # upload | completed
+    runs: tuple[RunRecord, ...] = ()  # the job's history, oldest first
 
-    def prior(self) -> Prior:
-        return Prior(self.steps, self.saves, self.blocking, self.uploads)
+    def prior(self, now: float = 0.0) -> Prior:
+        """What the policy plans with; the ended runs' ages count from `now` (this run's start)."""
+        ended = tuple(r for r in self.runs if r.ending != "running")
+        return Prior(self.steps, self.saves, self.blocking, self.uploads, ended, now)
+
+    def starting(self, now: float, host: str = "") -> JobState:
+        """As a new run on `host` finds it: open records of runs that are gone are runs that
+        vanished (interrupted with no notice)."""
+        return replace(self, runs=close_vanished(self.runs, now, host))
+
+    def with_run(self, run: RunRecord) -> JobState:
+        """The history with this run's record in it (replacing its earlier version), newest last."""
+        others = [r for r in self.runs if not (r.run_id and r.run_id == run.run_id)]
+        return replace(self, runs=(*others, run)[-KEEP_RUNS:])
 
     def after_run(self, window: Sequence[float], saves: Sequence[float], blocking: Sequence[float],
                   now: float, command: Sequence[str], uploads: Sequence[float] = (),
@@ -68,7 +89,7 @@ class JobState:
             updated_at=now, command=tuple(command),
             uploads=tuple([*self.uploads, *uploads][-KEEP_SAVES:]),
             checkpoint=checkpoint if checkpoint is not None else self.checkpoint,
-            checkpoint_durable=durable,
+            checkpoint_durable=durable, runs=self.runs,
         )
 
 
@@ -103,7 +124,7 @@ def parse(text: str, now: float) -> JobState:
         steps=_durations(obj, "steps", KEEP_STEPS), saves=_durations(obj, "saves", KEEP_SAVES),
         blocking=_durations(obj, "blocking", KEEP_SAVES), updated_at=updated_at,
         command=tuple(command), uploads=_durations(obj, "uploads", KEEP_SAVES),
-        checkpoint=checkpoint, checkpoint_durable=durable,
+        checkpoint=checkpoint, checkpoint_durable=durable, runs=_runs(obj.get("runs", [])),
     )
 
 
@@ -117,6 +138,8 @@ def render(state: JobState) -> str:
         c = state.checkpoint
         obj["checkpoint"] = {"step": c.step, "path": c.path, "at": round(c.completed_at, 3),
                              "durable": state.checkpoint_durable or "completed"}
+    if state.runs:
+        obj["runs"] = [record_to_json(r) for r in state.runs]
     return json.dumps(obj, separators=(",", ":")) + "\n"
 
 
@@ -170,6 +193,14 @@ def write_atomic(path: str, text: str) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def _runs(value: object) -> tuple[RunRecord, ...]:
+    """The history; a record that is malformed is dropped (the others and the measurements count)."""
+    if not isinstance(value, list):
+        return ()
+    records = (record_from_json(v) for v in value[-KEEP_RUNS:])
+    return tuple(r for r in records if r is not None)
 
 
 def _durations(obj: dict[str, Any], key: str, keep: int) -> tuple[float, ...]:

@@ -28,18 +28,25 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from esiwrap import controller as core
-from esiwrap import durability, early, messages, process, state, systemd, upload
+from esiwrap import durability, early, history, messages, process, state, systemd, upload
 from esiwrap import events as ev
 from esiwrap.channel import ChannelServer, Message
 from esiwrap.controller import Controller, ControllerConfig, Now
 from esiwrap.deadline import Source, ask, remote
 from esiwrap.deadline.chain import release
 from esiwrap.envvars import HOOK_SWITCH_ENV, RUN_ID_ENV, SIGNAL_ENV, SOCKET_ENV, TRAINER_SIGTERM_SAVE
-from esiwrap.errors import EXIT_CHECKPOINTED, EXIT_FAILURE, EXIT_NOT_EXECUTABLE, CommandError, Halt
+from esiwrap.errors import (
+    EXIT_CHECKPOINTED,
+    EXIT_FAILURE,
+    EXIT_NO_PROGRESS,
+    EXIT_NOT_EXECUTABLE,
+    CommandError,
+    Halt,
+)
 from esiwrap.log import get_logger
 from esiwrap.observe import Observer, ObserveSettings
 from esiwrap.paths import bootstrap_dir
@@ -69,6 +76,7 @@ class SupervisorConfig:
     settings: Mapping[str, Any] = field(default_factory=dict)  # the run options, logged at start
     child_env: Mapping[str, str] = field(default_factory=dict)  # added for the platform (Slurm's)
     upload: str | None = None  # `--upload CMD`: run after each completed save ({path}, {step})
+    max_no_progress_runs: int = 3  # `--max-no-progress-runs`: the guard (0: off)
 
 
 class Supervisor:
@@ -84,9 +92,19 @@ class Supervisor:
         self.config = config
         self._before_checkpointed_exit = before_checkpointed_exit  # the Slurm requeue
         self.log = get_logger()
-        self._job_state, state_note = _load_state(config.state_file, clock())
-        prior = self._job_state.prior() if self._job_state is not None else None
+        started, host = clock(), socket.gethostname()
+        self._job_state, state_note = _load_state(config.state_file, started)
+        if self._job_state is not None:
+            self._job_state = self._job_state.starting(started, host)  # runs that vanished: interrupted
+        prior = self._job_state.prior(started) if self._job_state is not None else None
         resume_from = self._job_state.checkpoint if self._job_state is not None else None
+        # This run's record in the job's history (`esiwrap.history`): written as the child starts,
+        # refreshed every HEARTBEAT_S and at every state write, closed with how the run ended.
+        start_step = resume_from.step if resume_from is not None else None
+        self._run = history.RunRecord(started, started, config.run_id, start_step=start_step,
+                                      end_step=start_step, host=host)
+        self._kept: core.KeepState | None = None  # the controller's latest KeepState
+        self._heartbeat_at = time.monotonic() + history.HEARTBEAT_S
         self.controller = Controller(config.controller, prior=prior, resume_from=resume_from)
         self._state_note = state_note  # logged once the child runs
         self._state_failed = False
@@ -121,18 +139,22 @@ class Supervisor:
         """Supervise until the child and its tree are gone; return esiwrap's exit status."""
         self._signals = early.catch()  # already done by the `esiwrap` executable, before its imports
         try:
+            self._no_progress_guard()
             self._channel = ChannelServer()
             self._start_child()
             self._watcher.start()
             self._loop()
         except Halt as halt:
+            self._end_run(halt.reason)
             return self._exit(halt.reason, halt.exit_status)
         except CommandError as exc:
             self.log.error(ev.COMMAND_FAILED, reason=str(exc))
+            self._end_run(str(exc))
             return self._exit(str(exc), exc.exit_status)
         except Exception as exc:  # a bug of ours: say so in one line, leave the child a clean stop
             self.log.error(ev.SUPERVISOR_FAILED, error=f"{type(exc).__name__}: {exc}", exc_info=True)
             self._forward_stop_signal()
+            self._end_run(f"internal error: {exc}")
             return self._exit(f"internal error: {exc}", EXIT_FAILURE)
         finally:
             self._close()
@@ -148,6 +170,37 @@ class Supervisor:
                       checkpoint_step=snapshot.last_checkpoint_step, durable_step=snapshot.durable_step,
                       lateness=snapshot.lateness())
         return code
+
+    def _no_progress_guard(self) -> None:
+        """Before the child starts: the job's last runs made no progress, so this one would not
+        either (`esiwrap.history.no_progress`): say why and stop with EXIT_NO_PROGRESS."""
+        job = self._job_state
+        if job is None:
+            return
+        step = sorted(job.steps)[len(job.steps) // 2] if job.steps else None
+        verdict = history.no_progress(job.runs, self.config.max_no_progress_runs, step,
+                                      max(job.saves) if job.saves else None)
+        if verdict is None:
+            return
+        if self._state_note is not None:
+            level, event, fields = self._state_note
+            getattr(self.log, level)(event, **fields)
+            self._state_note = None
+        self.log.error(ev.NO_PROGRESS, path=self.config.state_file, limit=self.config.max_no_progress_runs,
+                       **verdict.fields())
+        reason = (f"no progress in the job's last {len(verdict.runs)} runs ({verdict.cause}); not "
+                  "started (--max-no-progress-runs)")
+        self._run = replace(self._run, ending="no_progress")
+        self._write_state(self._clock())
+        raise Halt(reason, EXIT_NO_PROGRESS)
+
+    def _end_run(self, reason: str) -> None:
+        """How this run ended, for the job's history (written once more as the shell leaves)."""
+        if self._run.ending != "running":
+            return
+        snapshot = self._snapshot()
+        deadline_in = None if snapshot.deadline_at is None else snapshot.deadline_at - self._clock()
+        self._run = replace(self._run, ending=history.ending_of(reason, deadline_in))
 
     def _start_child(self) -> None:
         assert self._channel is not None
@@ -167,6 +220,7 @@ class Supervisor:
         self._selector.register(self._signals.read_fd, selectors.EVENT_READ, self._on_signal_bytes)
         self._selector.register(self._wake_r, selectors.EVENT_READ, self._on_watcher_wake)
         self._selector.register(self._channel, selectors.EVENT_READ, self._on_channel)
+        self._write_state(self._clock())  # this run in the job's history, from its start
         self._reap()  # a child that died before the selector existed
 
     def _close(self) -> None:
@@ -174,6 +228,9 @@ class Supervisor:
         self._watcher.stop()
         self._prober.stop()
         self._apply(self.controller.finish(self._now()))  # the job's state, kept once more
+        if self._run.ending == "running":  # left the loop with no ending said: a failure of its own
+            self._run = replace(self._run, ending="other")
+        self._write_state(self._clock())  # ...with this run's end in its history
         self._files.close(FILES_AT_EXIT_S)
         for pid in list(self._trainer_fds):
             self._forget_trainer(pid)
@@ -201,6 +258,9 @@ class Supervisor:
             snapshot = self._snapshot()
             self._tell_systemd(snapshot)
             self._publish(snapshot)
+            if now.mono >= self._heartbeat_at:
+                self._heartbeat_at = now.mono + history.HEARTBEAT_S
+                self._write_state(now.wall)  # the run's exposure so far, should it vanish
 
     def _snapshot(self) -> Snapshot:
         return self.controller.snapshot(self._now(), self.config.run_id, os.getpid())
@@ -248,13 +308,37 @@ class Supervisor:
     def _keep_state(self, kept: core.KeepState) -> None:
         """Have what this run measured written to --state-file (the controller says when), by the
         files' thread: the newest state wins, the loop does not wait for the disk."""
+        self._kept = kept
+        self._write_state(self._clock())
+
+    def _write_state(self, now: float) -> None:
+        """The state file as of now: what the controller last kept, and this run's record."""
         path = self.config.state_file
         if path is None or self._state_failed:
             return
         base = self._job_state or state.JobState()
-        after = base.after_run(kept.steps, kept.saves, kept.blocking, self._clock(), self.config.argv,
-                               uploads=kept.uploads, checkpoint=kept.checkpoint, uploaded=kept.uploaded)
+        kept = self._kept
+        after = base if kept is None else base.after_run(
+            kept.steps, kept.saves, kept.blocking, now, self.config.argv, uploads=kept.uploads,
+            checkpoint=kept.checkpoint, uploaded=kept.uploaded)
+        if kept is None:
+            after = replace(after, updated_at=now, command=tuple(self.config.argv))
+        self._run = self._refreshed_run(now)
+        after = after.with_run(self._run)
         self._files.replace(path, state.render(after), state.write_atomic, done=self._state_written)
+
+    def _refreshed_run(self, now: float) -> history.RunRecord:
+        """This run's record as of now: alive until now, its capacity, nodes, durable step, counts."""
+        run = self._run
+        if self._child_pid is None:  # not started: nothing more to say than its ending
+            return replace(run, seen_at=now)
+        snapshot = self._snapshot()
+        capacity = self.controller.obs.capacity  # what the policy plans with (the policy's own record)
+        end_step = snapshot.durable_step if snapshot.durable_step is not None else run.start_step
+        return replace(run, seen_at=now, nodes=max(1, capacity.nodes), capacity=capacity.kind,
+                       source=snapshot.deadline_source or "", end_step=end_step,
+                       saves=snapshot.saves_completed, uploads=snapshot.uploads_completed,
+                       uploads_failed=snapshot.uploads_failed)
 
     def _state_written(self, path: str, error: OSError | None) -> None:
         """From the files' thread: a state write that failed is one warning, then no more tries
@@ -562,6 +646,7 @@ def _load_state(path: str | None, now: float) -> tuple[state.JobState | None, Lo
         "longest_save_s": max(loaded.saves) if loaded.saves else None,
         "uploads": len(loaded.uploads), "longest_upload_s": max(loaded.uploads) if loaded.uploads else None,
         "checkpoint_step": loaded.checkpoint.step if loaded.checkpoint is not None else None,
+        "runs": len(loaded.runs),
         "age_s": round(now - loaded.updated_at, 3),
     })
 

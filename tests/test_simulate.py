@@ -168,3 +168,28 @@ def test_compare_prints_before_and_after_from_two_json_files(tmp_path: Path, cap
     with pytest.raises(SystemExit) as exited:
         simulate.main(["--compare", str(tmp_path / "bad.json"), str(after)])
     assert exited.value.code == 2
+
+
+def test_jobs_the_guard_stops_short_slots_at_run_four_and_never_a_job_that_progresses() -> None:
+    """`--job-runs`: a job of slots shorter than a step plus a save is stopped at run N + 1 = 4
+    (then the count starts again); a calm spot job whose runs each save is never stopped, and it
+    learns: its third run saves less often than its first (the default 8 a day)."""
+    from jobs import play_job
+
+    runners = {"esiwrap": simulate.make_runner("esiwrap"), "reference": simulate.make_runner("reference")}
+    short = play_job("short-slots", 0, 5, 1, Params(), 3600.0, runners)
+    assert [r.stopped for r in short] == [False, False, False, True, False]
+    calm = [play_job("calm-spot", job, 3, 1, Params(), 8 * 3600.0, runners) for job in range(3)]
+    assert not any(r.stopped for job in calm for r in job)
+    first = sum(job[0].lost["esiwrap"] for job in calm)
+    third = sum(job[2].lost["esiwrap"] for job in calm)
+    assert third < 0.5 * first
+
+
+def test_jobs_command_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert simulate.main(["--job-runs", "4", "--runs", "2", "--job-families", "short-slots",
+                          "--horizons", "1h"]) == 0
+    out = capsys.readouterr().out
+    assert "#### short-slots, 1 h, 2 jobs" in out and "| 4 | – | – | – | 0 | 2 |" in out
+    with pytest.raises(SystemExit):
+        simulate.main(["--job-runs", "3", "--job-families", "nope"])
