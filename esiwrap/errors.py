@@ -48,7 +48,8 @@ class SourceUnavailable(EsiwrapError):
 class Halt(Exception):
     """Raised once inside the supervisor loop to leave it with a reason and an exit status."""
 
-    def __init__(self, reason: str, exit_status: int) -> None:
+    def __init__(self, reason: str, exit_status: int, cause: str = "") -> None:
         super().__init__(reason)
         self.reason = reason
         self.exit_status = exit_status
+        self.cause = cause  # why the run stopped, as the controller said (`controller.StopCause`)

@@ -105,21 +105,18 @@ def close_vanished(runs: Sequence[RunRecord], now: float, host: str = "") -> tup
 ANNOUNCED_WITHIN_S = 600.0  # a SIGTERM this close to a known deadline is that deadline's reclamation
 
 
-def ending_of(reason: str, deadline_in_s: float | None) -> Ending:
-    """How a run ended, from esiwrap's exit reason and how far the known deadline was (None: no
-    deadline known): the deadline's reclamation (`announced`), a stop from outside with no deadline
-    near (`interrupted`: Slurm's preemption, a Kubernetes eviction), the child's own end, or other
-    (a stop by hand, esiwrap's own failure)."""
-    if reason.startswith("child exited"):
+def ending_of(cause: str, deadline_in_s: float | None) -> Ending:
+    """How a run ended, from why the controller stopped it (`controller.StopCause`) and how far
+    the known deadline was (None: no deadline known): the deadline's reclamation (`announced`: the
+    planned saves done, the deadline come, or a SIGTERM near it), a stop from outside with no
+    deadline near (`interrupted`: Slurm's preemption, a Kubernetes eviction), the child's own end,
+    or other (another node's save, a stop by hand, esiwrap's own failure)."""
+    if cause == "child":
         return "child"
-    if reason.startswith(("SIGTERM", "stop requested", "checkpoint complete after sigterm")):
+    if cause == "sigterm":
         near = deadline_in_s is not None and deadline_in_s <= ANNOUNCED_WITHIN_S
         return "announced" if near else "interrupted"
-    announced = ("deadline", "checkpoint complete after deadline", "no trainer attached")
-    last_planned = reason.split(";")[0] == "checkpoint complete"  # the last planned save, then the stop
-    if deadline_in_s is not None and (reason.startswith(announced) or last_planned):
-        return "announced"
-    return "other"
+    return "announced" if cause == "deadline" else "other"
 
 
 # ---------------------------------------------------------------------------------- the rate

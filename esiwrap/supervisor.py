@@ -145,16 +145,16 @@ class Supervisor:
             self._watcher.start()
             self._loop()
         except Halt as halt:
-            self._end_run(halt.reason)
+            self._end_run(halt.cause)
             return self._exit(halt.reason, halt.exit_status)
         except CommandError as exc:
             self.log.error(ev.COMMAND_FAILED, reason=str(exc))
-            self._end_run(str(exc))
+            self._end_run()
             return self._exit(str(exc), exc.exit_status)
         except Exception as exc:  # a bug of ours: say so in one line, leave the child a clean stop
             self.log.error(ev.SUPERVISOR_FAILED, error=f"{type(exc).__name__}: {exc}", exc_info=True)
             self._forward_stop_signal()
-            self._end_run(f"internal error: {exc}")
+            self._end_run()
             return self._exit(f"internal error: {exc}", EXIT_FAILURE)
         finally:
             self._close()
@@ -194,13 +194,14 @@ class Supervisor:
         self._write_state(self._clock())
         raise Halt(reason, EXIT_NO_PROGRESS)
 
-    def _end_run(self, reason: str) -> None:
-        """How this run ended, for the job's history (written once more as the shell leaves)."""
+    def _end_run(self, cause: str = "") -> None:
+        """How this run ended, for the job's history (written once more as the shell leaves):
+        from why the controller stopped it (none: esiwrap's own failure)."""
         if self._run.ending != "running":
             return
         snapshot = self._snapshot()
         deadline_in = None if snapshot.deadline_at is None else snapshot.deadline_at - self._clock()
-        self._run = replace(self._run, ending=history.ending_of(reason, deadline_in))
+        self._run = replace(self._run, ending=history.ending_of(cause, deadline_in))
 
     def _start_child(self) -> None:
         assert self._channel is not None
@@ -385,7 +386,7 @@ class Supervisor:
             elif isinstance(action, core.ReleaseCapacity):
                 self._release_capacity()
             elif isinstance(action, core.Exit):
-                raise Halt(action.reason, action.code)
+                raise Halt(action.reason, action.code, action.cause)
 
     # ------------------------------------------------------------------ uploads and the checkpoint's disk
     def _start_upload(self, action: core.StartUpload) -> None:

@@ -149,15 +149,43 @@ def test_the_likely_cause() -> None:
 
 
 def test_how_a_run_ended() -> None:
-    assert ending_of("child exited", 50.0) == "child"
-    assert ending_of("deadline reached", 0.0) == "announced"
-    assert ending_of("checkpoint complete", 30.0) == "announced"
-    assert ending_of("checkpoint complete; not uploaded: ...", 30.0) == "announced"
-    assert ending_of("checkpoint complete after deadline", 30.0) == "announced"
-    assert ending_of("SIGTERM", 100.0) == "announced"  # the reclamation, as the deadline said
-    assert ending_of("SIGTERM", None) == "interrupted"  # preemption with no deadline near
-    assert ending_of("checkpoint complete after sigterm", 5 * 3600.0) == "interrupted"
-    assert ending_of("interrupted twice", None) == "other"
+    """From why the controller stopped the run, and how far its deadline was."""
+    assert ending_of("child", 50.0) == "child"
+    assert ending_of("deadline", 0.0) == "announced"  # the deadline came, or the last planned save
+    assert ending_of("sigterm", 100.0) == "announced"  # the reclamation, as the deadline said
+    assert ending_of("sigterm", None) == "interrupted"  # preemption with no deadline near
+    assert ending_of("sigterm", 5 * 3600.0) == "interrupted"
+    assert ending_of("by hand", None) == ending_of("peer", 30.0) == ending_of("", None) == "other"
+
+
+def test_the_controller_says_why_it_stopped() -> None:
+    """Every exit the controller decides carries its cause: the stop after the last planned save
+    is the deadline's, a SIGTERM's is the SIGTERM's, the child's own end is the child's."""
+    from controller_driver import CHILD, Driver, exits
+
+    from esiwrap import controller as core
+
+    planned = Driver()
+    planned.hello()
+    planned.steps(1, 3, 10.0)
+    planned.deadline(400.0)
+    planned.steps(4, 20, 10.0)  # the insurance save is asked for on the way
+    assert planned.controller.request is not None
+    planned.save(planned.controller.obs.last_step or 0, 5.0)
+    planned.advance(500.0)  # past the deadline: stopped, then killed (the child never exits here)
+    assert [e.cause for e in exits(planned.actions)] == ["deadline"]
+    stopped = Driver()
+    stopped.hello()
+    stopped.steps(1, 2, 10.0)
+    stopped.feed(core.SignalReceived("SIGTERM"))  # a save, then the stop
+    stopped.save(2, 1.0)
+    stopped.feed(core.ChildExited(CHILD, 0))
+    stopped.feed(core.TreeChecked(0))
+    assert [e.cause for e in exits(stopped.actions)] == ["sigterm"]
+    gone = Driver()
+    gone.feed(core.ChildExited(CHILD, 3))
+    gone.feed(core.TreeChecked(0))
+    assert [(e.code, e.cause) for e in exits(gone.actions)] == [(3, "child")]
 
 
 def test_vanished_runs_are_closed_as_interruptions() -> None:

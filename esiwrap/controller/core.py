@@ -49,6 +49,7 @@ from esiwrap.controller.protocol import (
     SendSignal,
     SignalReceived,
     Step,
+    StopCause,
     StopChild,
     StorageProbed,
     TrainerGone,
@@ -215,7 +216,7 @@ class Controller:
             self._timer_handlers[timer.name](now)
 
     def _linger_over(self, now: Now) -> None:
-        self._begin_stop("checkpoint complete", EXIT_CHECKPOINTED, now)
+        self._begin_stop("checkpoint complete", EXIT_CHECKPOINTED, "deadline", now)
 
     def _nobody_to_save(self, now: Now) -> None:
         self._missed("no trainer attached to save", now, level="warning")
@@ -284,7 +285,7 @@ class Controller:
         self._log("info", ev.CHILD_EXITED, **fields)
         self.roster.child_exited(exited)
         if not stopping:
-            self._begin_stop("child exited", None, now)
+            self._begin_stop("child exited", None, "child", now)
 
     def _on_tree_checked(self, checked: TreeChecked, now: Now) -> None:
         stop = self.stopping.stop
@@ -356,10 +357,12 @@ class Controller:
         self._save_completed(step, messages, now, requested=True, kind=request.kind)
         if self.mode is Mode.DRAINING:
             self.stopping.drained()
-            self._begin_stop(f"checkpoint complete after {request.reason}", EXIT_CHECKPOINTED, now)
+            self._begin_stop(f"checkpoint complete after {request.reason}", EXIT_CHECKPOINTED,
+                             "sigterm" if request.reason == "sigterm" else "deadline", now)
             return
         if request.reason == "peer":  # the node that asked stops its ranks: the job ends here too
-            self._begin_stop("checkpoint complete after a peer node's request", EXIT_CHECKPOINTED, now)
+            self._begin_stop("checkpoint complete after a peer node's request", EXIT_CHECKPOINTED, "peer",
+                             now)
             return
         if self.mode is Mode.SAVE_REQUESTED:
             self.modes.move("acknowledged")
@@ -435,7 +438,7 @@ class Controller:
         self._sigints += 1
         if self._sigints >= 2:
             self._log("warning", ev.CHILD_STOPPING, signal="SIGKILL", grace_s=0, reason="second SIGINT")
-            self._begin_stop("interrupted twice", None, now, immediate=True)
+            self._begin_stop("interrupted twice", None, "by hand", now, immediate=True)
         else:
             self._forward("SIGINT")
 
@@ -448,7 +451,7 @@ class Controller:
         self.out.act(NotifyStopping())
         saved = self._progress_is_saved()
         if saved or not self.roster.signal_targets():
-            self._begin_stop("SIGTERM", EXIT_CHECKPOINTED if saved else None, now)
+            self._begin_stop("SIGTERM", EXIT_CHECKPOINTED if saved else None, "sigterm", now)
             return
         self._drain(now)
         if self.saves.request is None:
@@ -544,7 +547,7 @@ class Controller:
 
     def _deadline_reached(self, now: Now) -> None:
         if self.saves.last_checkpoint is not None:
-            self._begin_stop("deadline reached", EXIT_CHECKPOINTED, now)
+            self._begin_stop("deadline reached", EXIT_CHECKPOINTED, "deadline", now)
             return
         self._missed("deadline passed without an acknowledged save", now)
 
@@ -554,7 +557,7 @@ class Controller:
         self.saves.missed()
         facts = miss_facts(self.saves.request, self.planner.plan, self.obs, now, self._never_came(now))
         self._log(level, ev.SAVE_MISSED, remaining_s=self._remaining(now), reason=reason, **facts)
-        self._begin_stop(f"{reason}: {facts['never_came'][0]}", EXIT_SAVE_MISSED, now)
+        self._begin_stop(f"{reason}: {facts['never_came'][0]}", EXIT_SAVE_MISSED, "deadline", now)
 
     def _never_came(self, now: Now) -> list[str]:
         return never_came(self.saves.request, now, attached_once=self.roster.attached_once,
@@ -574,7 +577,7 @@ class Controller:
             case "continue" | "linger":
                 self.modes.move("no further save")
             case "stop":
-                self._begin_stop("checkpoint complete", EXIT_CHECKPOINTED, now)
+                self._begin_stop("checkpoint complete", EXIT_CHECKPOINTED, "deadline", now)
 
     def _request_save(self, reason: str, now: Now) -> None:
         targets = self.roster.signal_targets()
@@ -619,9 +622,9 @@ class Controller:
         self._log("warning", ev.SAVE_MISSED, remaining_s=self._remaining(now),
                   reason="no acknowledgement within --stop-grace", never_came=self._never_came(now))
         if saved:
-            self._begin_stop("stop requested, latest step already saved", EXIT_CHECKPOINTED, now)
+            self._begin_stop("stop requested, latest step already saved", EXIT_CHECKPOINTED, "sigterm", now)
         else:
-            self._begin_stop("SIGTERM", None, now)
+            self._begin_stop("SIGTERM", None, "sigterm", now)
 
     def _save_being_written_may_finish(self, now: Now) -> bool:
         """A save is being written: do not kill it while it can still finish in time. True when
@@ -632,14 +635,15 @@ class Controller:
         estimate = save_estimate_s(self.obs, self.config.policy)
         return self.stopping.wait_for_save(request.save_started_mono, estimate, self.book.deadline, now)
 
-    def _begin_stop(self, reason: str, exit_status: int | None, now: Now, *, immediate: bool = False) -> None:
+    def _begin_stop(self, reason: str, exit_status: int | None, cause: StopCause, now: Now, *,
+                    immediate: bool = False) -> None:
         if self.stopping.stop is not None:
             if immediate:
                 self._escalate(reason, now)
             return
         self.modes.move("stop")
         self.planner.stopped()
-        self.stopping.begin(reason, exit_status, now)
+        self.stopping.begin(reason, exit_status, cause, now)
         self.out.act(NotifyStopping())
         self.stopping.extend_timeout(self.mode, now)
         if self.roster.child_status is not None:
@@ -698,7 +702,7 @@ class Controller:
         self.stopping.exited = True
         if code == EXIT_CHECKPOINTED:
             self.out.act(ReleaseCapacity())
-        self.out.act(Exit(code, reason))
+        self.out.act(Exit(code, reason, self.stopping.stop.cause if self.stopping.stop else ""))
 
 
 def lateness(obs: Observations) -> dict[str, Any]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 from esiwrap.choices import AfterSave, LogLevel, OnSigterm
 from esiwrap.deadline.chain import Answer
@@ -263,9 +263,16 @@ class ReleaseCapacity:
     may let their platform go ahead (Azure `--azure-ack`: approve the scheduled event)."""
 
 
+StopCause = Literal["deadline", "sigterm", "child", "peer", "by hand", ""]
+"""Why a run stopped, for the job's history (`esiwrap.history.ending_of`): its deadline (the
+planned saves are done, or it came), a SIGTERM from outside, the child's own end, another node's
+save, a second Ctrl-C."""
+
+
 class Exit(NamedTuple):
     code: int
     reason: str
+    cause: StopCause = ""  # "" only where no stop began (never from the controller)
 
 
 class ProbeStorage(NamedTuple):

@@ -16,6 +16,7 @@ from esiwrap.controller.protocol import (
     ExtendStopTimeout,
     KillTree,
     Now,
+    StopCause,
     TermLeftovers,
 )
 from esiwrap.controller.timers import Timer
@@ -28,6 +29,7 @@ class StopState:
     reason: str
     exit_status: int | None  # None: the child's own status
     until: float  # monotonic: the end of the grace period, or of the wait after SIGKILL
+    cause: StopCause = ""  # why, for the job's history
     leftovers_signalled: bool = False
 
 
@@ -61,9 +63,9 @@ class StopSequence:
     def drained(self) -> None:
         self.ack_until = None
 
-    def begin(self, reason: str, exit_status: int | None, now: Now) -> None:
+    def begin(self, reason: str, exit_status: int | None, cause: StopCause, now: Now) -> None:
         self.ack_until = None
-        self.stop = StopState(reason, exit_status, until=now.mono + self._grace_s)
+        self.stop = StopState(reason, exit_status, until=now.mono + self._grace_s, cause=cause)
 
     def kill(self, now: Now) -> None:
         assert self.stop is not None
