@@ -3,7 +3,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +12,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import esiwrap_harness
 from esiwrap_harness import EsiwrapRun
 
 # No test may reach a real cloud metadata address (100.96.0.96, 169.254.169.254,
@@ -68,3 +69,20 @@ def runs() -> Iterator[list[EsiwrapRun]]:
     yield started
     for run in started:
         run.kill()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    esiwrap_harness.STARTED.clear()  # runs a module-scoped fixture starts are reported with its first test
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[
+        None, pytest.TestReport, pytest.TestReport]:
+    """A failed test's report ends with each esiwrap run's events (a failure under load is read
+    from these: what came, when, and what never did)."""
+    report = yield
+    if report.failed:
+        for run in esiwrap_harness.STARTED:
+            report.sections.append((f"esiwrap run {run.pid}: {' '.join(run.args)[:300]}", run.story()))
+    return report
