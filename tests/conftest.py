@@ -43,7 +43,10 @@ for _signum in (signal.SIGQUIT, signal.SIGHUP):
     if signal.getsignal(_signum) == signal.SIG_IGN:
         signal.signal(_signum, signal.SIG_DFL)
 
-pytest_plugins = ["fakes.fixtures"]  # fake_metadata, fake_api, cloud_env, ... (tests/fakes/)
+pytest_plugins = [
+    "fakes.fixtures",  # fake_metadata, fake_api, cloud_env, ... (tests/fakes/)
+    "lanes",  # the fast lane and the system lane (tests/lanes.py)
+]
 
 
 @pytest.fixture

@@ -8,6 +8,7 @@ import sys
 import time
 from collections.abc import Mapping
 
+import pytest
 from fakes.azure import FakeAzureMetadata
 from fakes.fixtures import CREDENTIALS, SCHEDULED_ID, rfc3339_in
 from fakes.gcp import FakeGcpMetadata
@@ -17,6 +18,8 @@ from fakes.volcengine_api import ACCESS_DENIED, FakeVolcengineApi
 
 from esiwrap.deadline import parse_iso
 from esiwrap.errors import EXIT_NO_DEADLINE, EXIT_OK
+
+pytestmark = pytest.mark.system
 
 ALL_CLOUD = "cli,env,volcengine,volcengine-spot,aws-spot"
 

@@ -15,6 +15,8 @@ from esiwrap.deadline.value import iso_epoch
 from esiwrap.errors import EXIT_CHECKPOINTED, EXIT_SAVE_MISSED
 from esiwrap.storage import PROBE_MAX_BYTES, PROBE_MAX_S, measure_checkpoint, probe_bandwidth
 
+pytestmark = pytest.mark.system
+
 PACE_BPS = 8e6  # the filesystem's write speed: a 24 MB checkpoint takes 3 s or more
 FROZEN_MB = "24"
 

@@ -23,6 +23,8 @@ from esiwrap_harness import PYTHON, ROOT, TINY_TRAINER, EsiwrapRun
 from esiwrap.deadline.value import iso_epoch
 from esiwrap.errors import EXIT_CHECKPOINTED, EXIT_SAVE_MISSED, EXIT_USAGE
 
+pytestmark = pytest.mark.system
+
 CHANGING_DEADLINE = ROOT / "tests" / "changing_deadline.py"
 
 
