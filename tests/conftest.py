@@ -9,6 +9,7 @@ from typing import Any
 
 import freezegun
 import pytest
+from hypothesis import HealthCheck, settings
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -32,6 +33,11 @@ freezegun.configure(extend_ignore_list=[
     "torch", "lightning", "pytorch_lightning", "lightning_utilities", "transformers", "accelerate",
     "ray", "verl", "numpy", "safetensors", "tokenizers", "huggingface_hub",
 ])
+
+# Property tests say what holds for every input, never how fast: no per-example deadline (200 ms by
+# default) and no too-slow health check, wall-clock limits that a busy machine breaks.
+settings.register_profile("esiwrap", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("esiwrap")
 
 # esiwrap keeps what its caller ignored (docs/reference/signals.md). A suite started as a background job of
 # a shell without job control inherits SIGINT and SIGQUIT ignored, and every esiwrap it starts
