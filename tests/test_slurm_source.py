@@ -176,7 +176,7 @@ FailingSetup = Callable[[Path], None]
      "squeue -h -j 12 -o %T %e failed: slurm_load_jobs error: Invalid job id specified"),
     (lambda d: d.mkdir(), "squeue is not on PATH (SLURM_JOB_ID is set, but Slurm's client commands "
                           "are missing)"),
-    (lambda d: fake_command(d, "squeue", "exec /bin/sleep 30"),
+    (lambda d: fake_command(d, "squeue", "exec /bin/sleep 300"),
      "squeue -h -j 12 -o %T %e did not answer within 0.5s; is slurmctld up? (scontrol ping)"),
 ], ids=["controller down", "error with exit 0", "squeue missing", "hang"])
 def test_failures_are_reasons_never_exceptions(tmp_path: Path, setup: FailingSetup, reason: str) -> None:
@@ -187,7 +187,7 @@ def test_failures_are_reasons_never_exceptions(tmp_path: Path, setup: FailingSet
     source = SlurmSource({"PATH": str(bin_dir), "SLURM_JOB_ID": "12"}, timeout_s=0.5)
     started = time.monotonic()
     answer = ask(source, NOW)
-    assert time.monotonic() - started < 5
+    assert time.monotonic() - started < 60  # the hang is cut at 0.5 s, not left for its 300 s
     assert answer.deadline is None and answer.reason == reason and not answer.expected
 
 
