@@ -1,8 +1,15 @@
 #!/usr/bin/env bash
-# Install everything the test suite needs into .venv, then run the whole suite.
-# Usage: scripts/test.sh [pytest args...]
+# Install everything the test suite needs into .venv, then run the whole suite in two lanes: the
+# fast lane (pure and in-process tests), then the system lane (real processes: esiwrap, trainers,
+# Slurm, systemd, Chromium, Ray, the wheel, the docs build), each with its wall time (tests/lanes.py).
+# Usage: scripts/test.sh [--fast] [pytest args...]   (--fast: the fast lane alone)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+fast_only=0
+if [ "${1:-}" = "--fast" ]; then
+    fast_only=1
+    shift
+fi
 python3 -m venv .venv
 # torch first and pinned: the CPU wheel; anything unpinned could pull a multi-GB CUDA build
 .venv/bin/pip install --quiet --disable-pip-version-check torch==2.13.0
@@ -29,6 +36,28 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 .venv/bin/ruff check esiwrap tests examples benchmarks
 .venv/bin/mypy
-# Three workers, one test file each at a time: most tests wait on real processes and signals, so
-# this cuts the wall time by more than half on 2 cores (files keep their shared fixtures, e.g. Ray).
-exec .venv/bin/pytest -n 3 --dist loadfile "$@"
+
+failed=0
+lane() {  # NAME PYTEST-ARGS...: run one lane and say how long it took
+    local name=$1 started=$SECONDS code=0 outcome=passed
+    shift
+    .venv/bin/pytest "$@" || code=$?
+    case $code in
+        0) ;;
+        5) outcome="no tests (the arguments select none in this lane)" ;;
+        *) outcome="FAILED (pytest exit $code)"; failed=1 ;;
+    esac
+    times+=("$name lane: $((SECONDS - started)) s, $outcome")
+    echo "${times[-1]}"
+}
+times=()
+# The fast lane's tests keep a CPU busy: one worker per core, each test handed out on its own.
+lane fast -m "not system" -n auto "$@"
+if [ "$fast_only" -eq 0 ]; then
+    # Three workers, one test file each at a time: these tests mostly wait on real processes and
+    # signals, so this cuts the wall time by more than half on 2 cores (files keep their shared
+    # fixtures, e.g. Ray).
+    lane system -m system -n 3 --dist loadfile "$@"
+    printf '%s\n' "${times[@]}"
+fi
+exit "$failed"

@@ -3,15 +3,17 @@ from __future__ import annotations
 import os
 import signal
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 from typing import Any
 
 import freezegun
 import pytest
+from hypothesis import HealthCheck, settings
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import esiwrap_harness
 from esiwrap_harness import EsiwrapRun
 
 # No test may reach a real cloud metadata address (100.96.0.96, 169.254.169.254,
@@ -32,6 +34,11 @@ freezegun.configure(extend_ignore_list=[
     "ray", "verl", "numpy", "safetensors", "tokenizers", "huggingface_hub",
 ])
 
+# Property tests say what holds for every input, never how fast: no per-example deadline (200 ms by
+# default) and no too-slow health check, wall-clock limits that a busy machine breaks.
+settings.register_profile("esiwrap", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("esiwrap")
+
 # esiwrap keeps what its caller ignored (docs/reference/signals.md). A suite started as a background job of
 # a shell without job control inherits SIGINT and SIGQUIT ignored, and every esiwrap it starts
 # would too: tests that need them (a second SIGINT, a Ray driver stopped with SIGINT) start from
@@ -42,7 +49,10 @@ for _signum in (signal.SIGQUIT, signal.SIGHUP):
     if signal.getsignal(_signum) == signal.SIG_IGN:
         signal.signal(_signum, signal.SIG_DFL)
 
-pytest_plugins = ["fakes.fixtures"]  # fake_metadata, fake_api, cloud_env, ... (tests/fakes/)
+pytest_plugins = [
+    "fakes.fixtures",  # fake_metadata, fake_api, cloud_env, ... (tests/fakes/)
+    "lanes",  # the fast lane and the system lane (tests/lanes.py)
+]
 
 
 @pytest.fixture
@@ -68,3 +78,20 @@ def runs() -> Iterator[list[EsiwrapRun]]:
     yield started
     for run in started:
         run.kill()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    esiwrap_harness.STARTED.clear()  # runs a module-scoped fixture starts are reported with its first test
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[
+        None, pytest.TestReport, pytest.TestReport]:
+    """A failed test's report ends with each esiwrap run's events (a failure under load is read
+    from these: what came, when, and what never did)."""
+    report = yield
+    if report.failed:
+        for run in esiwrap_harness.STARTED:
+            report.sections.append((f"esiwrap run {run.pid}: {' '.join(run.args)[:300]}", run.story()))
+    return report

@@ -28,6 +28,7 @@ PLAIN_TRAINER = CHILDREN / "plain_trainer.py"
 PYTHON = sys.executable
 
 Event = dict[str, Any]
+STARTED: list[EsiwrapRun] = []  # the current test's runs: a failed test's report shows their events
 
 
 class EsiwrapRun:
@@ -56,6 +57,7 @@ class EsiwrapRun:
         self._selector.register(self.proc.stderr, selectors.EVENT_READ, "stderr")
         self._selector.register(self.proc.stdout, selectors.EVENT_READ, "stdout")
         self._open = 2
+        STARTED.append(self)
 
     @property
     def pid(self) -> int:
@@ -160,6 +162,28 @@ class EsiwrapRun:
                         threads.append(f"{task.name}:{stat[0]}:{wchan}")
                     parts.append(f"{proc.pid} {' '.join(proc.cmdline()[:3])} [{', '.join(threads)}]")
         return "processes: " + ("; ".join(parts) or "none left")
+
+    def story(self, limit: int = 400) -> str:
+        """Every event read so far, one line each (a run of one event's repeats: its first and last
+        line and the count), then what else esiwrap wrote: what a failed test's report shows."""
+        with contextlib.suppress(OSError, ValueError):
+            while self._pump(0):
+                pass
+        lines: list[str] = []
+        groups: list[list[Event]] = []
+        for event in self.events:
+            if groups and groups[-1][0].get("event") == event.get("event"):
+                groups[-1].append(event)
+            else:
+                groups.append([event])
+        for group in groups:
+            shown = group if len(group) <= 2 else [group[0], group[-1]]
+            for i, event in enumerate(shown):
+                fields = {k: v for k, v in event.items() if k not in ("timestamp", "event", "run_id")}
+                more = f" (x{len(group)})" if len(group) > 2 and i else ""
+                lines.append(f"{event.get('timestamp', '')} {event.get('event')}{more} {json.dumps(fields)}")
+        lines += [f"other: {line}" for line in self.other_lines[-20:]]
+        return "\n".join(lines[-limit:]) or "no events"
 
     def names(self) -> list[str]:
         return [str(e.get("event")) for e in self.events]

@@ -23,6 +23,8 @@ from esiwrap_harness import CHILDREN, PYTHON, TINY_TRAINER, EsiwrapRun, esiwrap_
 from esiwrap.errors import EXIT_CHECKPOINTED
 from esiwrap.signals import HANDLED
 
+pytestmark = pytest.mark.system
+
 CALLER = (PYTHON, str(CHILDREN / "caller_setup.py"))
 ESIWRAP = (PYTHON, "-m", "esiwrap")
 RECORDER = str(CHILDREN / "signal_recorder.py")

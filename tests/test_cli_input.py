@@ -48,6 +48,7 @@ def _esiwrap(*args: str, env: dict[str, str] | None = None, cwd: Path | None = N
                           cwd=cwd, timeout=60)
 
 
+@pytest.mark.system
 def test_words_before_a_later_double_dash_reach_the_child() -> None:
     """`esiwrap env FOO=1 python -c ... -- a`: env, its assignment and the later `--` all arrive."""
     done = _esiwrap("env", "FOO=1", PYTHON, "-c", PRINT_ARGV, "--", "a")
@@ -65,6 +66,7 @@ def test_the_command_argv_is_untouched(esiwrap) -> None:
     assert run.finish(30) == 0
 
 
+@pytest.mark.system
 def test_options_then_command_then_double_dash() -> None:
     """`esiwrap --deadline +2h uv-like run -- python ...`: the option is esiwrap's, the rest the
     command's, a `--` included."""
@@ -74,6 +76,7 @@ def test_options_then_command_then_double_dash() -> None:
     assert '"source":"cli"' in done.stderr
 
 
+@pytest.mark.system
 def test_mistyped_subcommand_suggests_the_real_one(tmp_path: Path) -> None:
     """`esiwrap reprot run.jsonl`: one line with the suggestion, exit 2 (not 127)."""
     done = _esiwrap("reprot", "run.jsonl")
@@ -83,6 +86,7 @@ def test_mistyped_subcommand_suggests_the_real_one(tmp_path: Path) -> None:
     assert deadline.returncode == EXIT_USAGE and "did you mean `deadline`?" in deadline.stderr
 
 
+@pytest.mark.system
 def test_a_real_command_close_to_a_subcommand_still_runs(tmp_path: Path) -> None:
     """A command on PATH is run even when its name is close to a subcommand."""
     program = tmp_path / "reports"
@@ -92,12 +96,14 @@ def test_a_real_command_close_to_a_subcommand_still_runs(tmp_path: Path) -> None
     assert done.returncode == 0 and done.stdout == "ran reports\n", done.stderr
 
 
+@pytest.mark.system
 def test_unknown_command_is_still_127() -> None:
     """A word far from every subcommand, not on PATH: command not found, 127, as before."""
     assert _esiwrap("no-such-command-esiwrap").returncode == EXIT_NOT_FOUND
     assert _esiwrap("--", "reprot").returncode == EXIT_NOT_FOUND  # after --, it is a command
 
 
+@pytest.mark.system
 @pytest.mark.parametrize(("where", "expected"), [
     ("missing/dir/run.jsonl", "directory {tmp}/missing/dir does not exist; create it (mkdir -p"),
     (".", "is a directory; name a file in it, e.g. {tmp}/esiwrap.jsonl"),
@@ -117,6 +123,7 @@ def test_log_file_that_cannot_be_written(tmp_path: Path, where: str, expected: s
         assert done.stderr.count("\n") == 1 and not marker.exists()
 
 
+@pytest.mark.system
 def test_log_file_on_a_read_only_mount(tmp_path: Path) -> None:
     """A directory esiwrap may not write (a read-only bind mount in a private mount namespace;
     root ignores permission bits): refused before the child starts."""
@@ -132,6 +139,7 @@ def test_log_file_on_a_read_only_mount(tmp_path: Path) -> None:
     assert not marker.exists()
 
 
+@pytest.mark.system
 def test_log_file_in_an_existing_directory_is_written(tmp_path: Path) -> None:
     """The ordinary case still works: the file is created and holds the run's JSON lines."""
     log = tmp_path / "run.jsonl"

@@ -9,9 +9,12 @@ import stat
 import subprocess
 from pathlib import Path
 
+import pytest
 from esiwrap_harness import PYTHON
 
 from esiwrap.errors import EXIT_NOT_EXECUTABLE
+
+pytestmark = pytest.mark.system
 
 ESIWRAP = [PYTHON, "-m", "esiwrap"]
 MAX_ARG_STRLEN = 32 * 4096  # Linux: the longest single argument or NAME=value

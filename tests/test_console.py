@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from esiwrap.cli import resume_gc
 
 SCRIPT = Path(sys.executable).parent / "esiwrap"
@@ -19,6 +21,7 @@ def esiwrap(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([str(SCRIPT), *args], capture_output=True, text=True, timeout=60)
 
 
+@pytest.mark.system
 def test_exit_codes_and_output_survive_the_fast_exit(tmp_path: Path) -> None:
     """--version, a usage error, a supervised command's own code, its log file and a report
     printed to a pipe: all complete, with the codes the contract names."""
@@ -39,6 +42,7 @@ def test_exit_codes_and_output_survive_the_fast_exit(tmp_path: Path) -> None:
     assert nobody.returncode == 3 and nobody.stderr.startswith("esiwrap: no esiwrap is running")
 
 
+@pytest.mark.system
 def test_a_closed_pipe_is_not_an_error(tmp_path: Path) -> None:
     """`esiwrap report LOG | head -c 10`: the reader leaves early; no traceback, no noise."""
     log = tmp_path / "run.jsonl"

@@ -16,6 +16,8 @@ from esiwrap_harness import CHILDREN, PYTHON, TINY_TRAINER, EsiwrapRun, wait_unt
 from esiwrap.errors import EXIT_CHECKPOINTED
 from esiwrap.signals import signal_label
 
+pytestmark = pytest.mark.system
+
 AS_PID_1 = ("unshare", "--fork", "--pid", "--mount-proc", PYTHON, "-m", "esiwrap")
 SENT = (signal.SIGHUP, signal.SIGPWR, signal.SIGALRM, signal.SIGWINCH, signal.SIGUSR2,
         signal.SIGRTMIN + 3)

@@ -159,6 +159,7 @@ def _esiwrap(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
                           timeout=60)
 
 
+@pytest.mark.system
 @pytest.mark.parametrize(("value", "expected"), [
     ("90", "for 90 seconds from now write +90s"),
     ("99999999999999999999", "more than 10 years ahead"),
@@ -173,6 +174,7 @@ def test_deadline_flag_out_of_range_is_a_usage_error(value: str, expected: str) 
     assert done.stderr.count("\n") == 1 and "started" not in done.stdout
 
 
+@pytest.mark.system
 def test_deadline_env_out_of_range_is_a_usage_error() -> None:
     """ESIWRAP_DEADLINE is the same option: the same one line, naming the variable."""
     done = _esiwrap("--", "true", ESIWRAP_DEADLINE="90")
@@ -210,6 +212,7 @@ def test_far_future_auto_release_at_does_not_stop_training(esiwrap, cloud_env: d
     assert "supervisor_failed" not in run.names()
 
 
+@pytest.mark.system
 def test_deadline_command_far_future_has_no_traceback(cloud_env: dict[str, str],
                                                       fake_api: FakeVolcengineApi) -> None:
     """`esiwrap deadline` shows the reason in its table and exits 3 (no deadline), no traceback."""

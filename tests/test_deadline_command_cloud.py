@@ -8,6 +8,7 @@ import sys
 import time
 from collections.abc import Mapping
 
+import pytest
 from fakes.azure import FakeAzureMetadata
 from fakes.fixtures import CREDENTIALS, SCHEDULED_ID, rfc3339_in
 from fakes.gcp import FakeGcpMetadata
@@ -17,6 +18,8 @@ from fakes.volcengine_api import ACCESS_DENIED, FakeVolcengineApi
 
 from esiwrap.deadline import parse_iso
 from esiwrap.errors import EXIT_NO_DEADLINE, EXIT_OK
+
+pytestmark = pytest.mark.system
 
 ALL_CLOUD = "cli,env,volcengine,volcengine-spot,aws-spot"
 
@@ -70,19 +73,19 @@ def test_access_denied_is_one_line_and_exit_3(cloud_env: dict[str, str], fake_ap
 
 
 def test_no_cloud_at_all_answers_within_seconds() -> None:
-    """Off any cloud (metadata addresses unroutable): one line per source, a few seconds, exit 3."""
+    """Off any cloud (metadata addresses unroutable): one line per source, exit 3, within the
+    probes' own 1 s connect timeouts (the reasons name them; without them each probe would wait
+    for the kernel to give up on its SYNs, two minutes, and deadline() gives up after one)."""
     with Blackhole() as hole:
         env = {**CREDENTIALS, "ESIWRAP_METADATA_URL": hole.url, "ESIWRAP_AWS_METADATA_URL": hole.url}
-        started = time.monotonic()
         out = deadline("--sources", ALL_CLOUD, env=env)
-        elapsed = time.monotonic() - started
     assert out.returncode == EXIT_NO_DEADLINE
     lines = out.stdout.splitlines()
     assert [line.split()[0] for line in lines[:-1]] == [
         "env:MLP", "env:SAGEMAKER", "volcengine", "volcengine-spot", "aws-spot"]
     assert "not on a Volcengine ECS instance?" in lines[2]
     assert "not on an AWS EC2 instance?" in lines[4]
-    assert elapsed < 10.0, elapsed  # includes interpreter start; the probes themselves take ~2 s each
+    assert all(line.endswith("connect timed out after 1s)") for line in lines[2:5]), lines
     assert out.stderr == ""
 
 

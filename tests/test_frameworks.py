@@ -13,10 +13,13 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 from esiwrap_harness import EXAMPLES, PYTHON, EsiwrapRun, processes_with_marker, wait_until
 
 from esiwrap.errors import EXIT_CHECKPOINTED
+
+pytestmark = pytest.mark.system
 
 NEAR_DEADLINE = ["--deadline", "+75s", "--redundant-time", "35", "--save-duration", "2",
                  "--no-final-save"]

@@ -11,6 +11,8 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+
 from esiwrap.deadline import registry
 from esiwrap.options import ALL_RUN_OPTIONS, SOURCE_OPTIONS
 
@@ -166,6 +168,7 @@ def test_every_sources_options_are_in_the_table_once() -> None:
     assert len({opt.env for opt in ALL_RUN_OPTIONS}) == len(flags)
 
 
+@pytest.mark.system
 def test_heavy_source_modules_load_only_for_the_sources_that_need_them() -> None:
     """`esiwrap --help` and a run with local sources import no cloud source's machinery (the
     metadata client, the spot poller, the ECS API); naming the cloud sources imports it."""

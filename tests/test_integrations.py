@@ -43,6 +43,7 @@ def report(extra_path: str = "", **env: str) -> dict[str, object]:
     return result
 
 
+@pytest.mark.system
 def test_bootstrap_is_inert_without_esiwrap() -> None:
     """Outside esiwrap (no ESIWRAP_SOCKET), the bootstrap imports nothing of ours, installs no
     import hook and sets no Ray hook."""
@@ -52,6 +53,7 @@ def test_bootstrap_is_inert_without_esiwrap() -> None:
     assert "_PostImportFinder" not in seen["finders"]  # type: ignore[operator]
 
 
+@pytest.mark.system
 def test_bootstrap_under_esiwrap_sets_the_ray_hook_and_stays_light() -> None:
     """Under esiwrap, a plain Python process gets the Ray runtime-env hook (a user's hook is kept
     for chaining) and the post-import hook for verl's trainer modules, and imports nothing heavy:
@@ -63,6 +65,7 @@ def test_bootstrap_under_esiwrap_sets_the_ray_hook_and_stays_light() -> None:
     assert not [m for m in seen["modules"] if m.startswith(HEAVY)]  # type: ignore[union-attr]
 
 
+@pytest.mark.system
 def test_bootstrap_in_a_ray_worker_of_the_job_installs_the_verl_import_hook() -> None:
     """With the job's relay variable (a Ray worker), the post-import hook for verl's trainer modules
     is installed, the save signal is handled (a stray SIGUSR1 cannot kill the worker), and verl
@@ -77,6 +80,7 @@ def test_bootstrap_in_a_ray_worker_of_the_job_installs_the_verl_import_hook() ->
     assert out.split() == ["1", "True", "False"]
 
 
+@pytest.mark.system
 def test_bootstrap_chains_an_existing_sitecustomize(tmp_path: Path) -> None:
     """A sitecustomize that was there before esiwrap still runs, inert or active."""
     (tmp_path / "sitecustomize.py").write_text("import os\nos.environ['USER_SITECUSTOMIZE_RAN'] = '1'\n")
@@ -86,6 +90,7 @@ def test_bootstrap_chains_an_existing_sitecustomize(tmp_path: Path) -> None:
     assert active.stdout.strip() == "1"
 
 
+@pytest.mark.system
 def test_bootstrap_with_a_broken_esiwrap_says_so_and_runs_on(tmp_path: Path) -> None:
     """A Python under esiwrap whose esiwrap fails to import (a broken install, not a missing one)
     still runs the program, with one line on stderr naming the fix; ESIWRAP_HOOK=0 silences it."""
@@ -114,6 +119,7 @@ def python_without_esiwrap(tmp_path_factory: pytest.TempPathFactory) -> str:
     return python
 
 
+@pytest.mark.system
 def test_a_python_without_esiwrap_stays_silent_unless_it_trains(python_without_esiwrap: str,
                                                                  tmp_path: Path) -> None:
     """Under esiwrap, a Python with no esiwrap installed (a helper, `python3 -m json.tool`) prints
@@ -139,6 +145,7 @@ def test_a_python_without_esiwrap_stays_silent_unless_it_trains(python_without_e
     assert "ModuleNotFoundError" in training.stderr and "ESIWRAP_HOOK=0" in training.stderr
 
 
+@pytest.mark.system
 def test_an_unrelated_python_under_esiwrap_prints_nothing(python_without_esiwrap: str) -> None:
     """`esiwrap -- /other/python -c pass`: esiwrap's output has no line from the start-up hook."""
     run = EsiwrapRun(["--sources", "cli", "--", python_without_esiwrap, "-c", "pass"],
@@ -150,6 +157,7 @@ def test_an_unrelated_python_under_esiwrap_prints_nothing(python_without_esiwrap
         run.kill()
 
 
+@pytest.mark.system
 def test_bootstrap_start_up_cost_is_small() -> None:
     """The whole bootstrap (sitecustomize and what it imports) costs well under 30 ms at start-up,
     measured by the interpreter's own -X importtime (best of five on a shared machine)."""
@@ -175,6 +183,7 @@ def test_child_environment_puts_the_bootstrap_first_on_pythonpath() -> None:
     assert bare["PYTHONPATH"] == bootstrap_dir()
 
 
+@pytest.mark.system
 def test_runtime_env_hook_makes_the_driver_the_relay_and_ships_the_hook() -> None:
     """In a Ray driver's `ray.init`, the hook says hello (signal handled, stop with SIGINT, no saves
     of its own yet) and extends the job's runtime env: our package in py_modules, our worker setup
@@ -201,6 +210,7 @@ def test_runtime_env_hook_makes_the_driver_the_relay_and_ships_the_hook() -> Non
         True, "SIGINT", False)
 
 
+@pytest.mark.system
 def test_worker_setup_hook_handles_the_signal_then_runs_the_users_hook(tmp_path: Path) -> None:
     """The job's `worker_process_setup_hook` (what reaches workers of a separately started
     cluster): the save signal is handled so it cannot kill the worker, the verl import hook is in

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 from esiwrap_harness import PYTHON, ROOT, TINY_TRAINER, EsiwrapRun
 from test_container import AS_PID_1, pid_1_on_the_host
@@ -28,6 +29,7 @@ def docs_yaml(marker: str) -> Any:
     return yaml.safe_load(after.split("```yaml\n", 1)[1].split("```", 1)[0])
 
 
+@pytest.mark.system
 def test_the_documented_job_checkpoints_on_sigterm_within_its_grace_period(tmp_path: Path) -> None:
     """The Job's container, its `python train.py` standing in for the tiny trainer: as PID 1,
     the SIGTERM the kubelet sends is a save, then exit 75 well before the grace period's SIGKILL;

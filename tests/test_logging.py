@@ -8,6 +8,7 @@ import re
 import subprocess
 from pathlib import Path
 
+import pytest
 from esiwrap_harness import PYTHON
 
 from esiwrap import log
@@ -38,6 +39,7 @@ def test_the_command_sees_the_run_id_socket_and_save_signal(esiwrap) -> None:
     assert run.stdout.decode().strip() == f"run={run.events[0]['run_id']} signal=SIGUSR2 socket=set"
 
 
+@pytest.mark.system
 def test_log_file_gets_json_while_console_is_readable(tmp_path: Path) -> None:
     """--log-format console for people, --log-file keeps the JSON lines for jq and report."""
     log_file = tmp_path / "run.jsonl"

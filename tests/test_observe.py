@@ -204,9 +204,11 @@ def test_slow_clients_time_out_without_blocking_the_loop(tmp_path: Path) -> None
         requester.start()
         wakes = 0
         started = time.monotonic()
-        while (server.open_connections or requester.is_alive()) and time.monotonic() - started < 10:
+        while (server.open_connections or requester.is_alive()) and time.monotonic() - started < 60:
             mono = time.monotonic()
             wake = server.next_wake()
+            # whatever is open was accepted before now: its time is up timeout_s after that at most
+            assert wake is None or wake <= mono + 0.5
             for key, _ in selector.select(None if wake is None else max(0.0, wake - mono)):
                 key.data(key)
             server.expire(time.monotonic())
@@ -214,7 +216,7 @@ def test_slow_clients_time_out_without_blocking_the_loop(tmp_path: Path) -> None
         requester.join(timeout=10)
         assert result["response"].startswith(b"HTTP/1.1 200 ") and answered == ["/x"]
         assert server.open_connections == 0 and server.next_wake() is None
-        assert 0.4 < time.monotonic() - started < 5.0  # the idle ones were held for ~timeout_s
+        assert time.monotonic() - started > 0.4  # the idle ones were held for their timeout_s
         assert wakes < 40, f"{wakes} wake-ups: the loop polled"
         for sock in [*idle, half]:
             sock.settimeout(5)

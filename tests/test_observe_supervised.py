@@ -8,7 +8,6 @@ import json
 import os
 import socket
 import subprocess
-import time
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -87,8 +86,10 @@ def test_metrics_and_status_follow_a_supervised_run(esiwrap, tmp_path: Path) -> 
 
 def test_idle_connections_cannot_shut_a_scraper_out(esiwrap) -> None:
     """200 clients connect and send half a request each (no blank line), and hold on: a real
-    scrape right after still gets its answer, well before their 5 s are up (with the table full,
-    the oldest unfinished request is closed to make room; it used to be the scrape that was reset)."""
+    scrape right after still gets its answer (with the table full, the oldest unfinished request
+    is closed to make room; it used to be the scrape that was reset). That the room is made at
+    once, not when the idle ones time out, test_observe.py shows on the endpoint itself, where
+    nothing times out."""
     run = esiwrap("--deadline", "+2h", "--metrics-port", "0", "--", "sleep", "300")
     url = run.wait_event("metrics_serving", timeout=30)["url"]
     parts = urlsplit(url)
@@ -98,9 +99,7 @@ def test_idle_connections_cannot_shut_a_scraper_out(esiwrap) -> None:
             sock = socket.create_connection((parts.hostname, parts.port), timeout=10)
             sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
             idle.append(sock)
-        started = time.monotonic()
         text = scrape(url)
-        assert time.monotonic() - started < 3.0
         assert "esiwrap_info" in text
     finally:
         for sock in idle:

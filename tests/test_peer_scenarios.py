@@ -25,6 +25,8 @@ from esiwrap_harness import CHILDREN, PYTHON, EsiwrapRun, esiwrap_below, kill_le
 from esiwrap.errors import EXIT_NOT_FOUND, EXIT_USAGE
 from esiwrap.signals import FORWARDED, signal_label
 
+pytestmark = pytest.mark.system
+
 ESIWRAP = (PYTHON, "-m", "esiwrap")
 AS_PID_1 = ("unshare", "--fork", "--pid", "--mount-proc", *ESIWRAP)
 RECORDER = str(CHILDREN / "signal_recorder.py")

@@ -18,7 +18,7 @@ from ray_cluster import RayNode, leftovers, node_environment, node_with, ray_env
 from esiwrap.errors import EXIT_CHECKPOINTED
 
 DRIVER = CHILDREN / "ray_plain_driver.py"
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.system, pytest.mark.timeout(600)]
 
 
 @pytest.fixture(scope="module")

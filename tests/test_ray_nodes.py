@@ -43,7 +43,7 @@ PLAIN_DRIVER = "import ray, threading; ray.init(); threading.Event().wait()"
 # The head declares a node dead after 3 missed health checks 1 s apart (Ray's default: ~30 s).
 QUICK_HEALTH_CHECK = {"RAY_health_check_period_ms": "1000", "RAY_health_check_timeout_ms": "1000",
                       "RAY_health_check_failure_threshold": "3"}
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.system, pytest.mark.timeout(900)]
 
 
 @dataclass

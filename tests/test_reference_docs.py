@@ -13,6 +13,7 @@ import subprocess
 from pathlib import Path
 from types import ModuleType
 
+import pytest
 from esiwrap_harness import PYTHON, ROOT
 
 from esiwrap import envvars
@@ -118,6 +119,7 @@ def esiwrap_help(*args: str) -> str:
     return done.stdout
 
 
+@pytest.mark.system
 def test_help_groups_the_options_by_section_one_line_each() -> None:
     """`esiwrap --help`: one group per section, in order, each listing its options' flags (a
     boolean as --[no-]X); short enough to scan: under 80 lines of at most 80 columns; it says
@@ -135,6 +137,7 @@ def test_help_groups_the_options_by_section_one_line_each() -> None:
     assert "--help-all" in text and "docs/reference/options.md" in text
 
 
+@pytest.mark.system
 def test_help_all_describes_every_option_with_its_variable_and_default() -> None:
     """`esiwrap --help-all` (exit 0): the same groups, and each option's description, variable
     and default; the command splitter knows it (it takes no value)."""

@@ -31,7 +31,7 @@ from esiwrap.durability import filesystem_of
 from esiwrap.errors import EXIT_CHECKPOINTED
 from esiwrap.timeline import COLORS
 
-pytestmark = pytest.mark.timeout(400)
+pytestmark = [pytest.mark.system, pytest.mark.timeout(400)]
 QUICK = ["--deadline", "+30s", "--stop-grace", "5", "--redundant-time", "6", "--save-duration", "1",
          "--final-margin", "2", "--log-level", "debug"]
 

@@ -197,7 +197,7 @@ def test_systemd_stop_checkpoints_within_the_stop_timeout(esiwrap, tmp_path: Pat
     assert run.finish(timeout=30) == EXIT_CHECKPOINTED
     elapsed = time.monotonic() - sent
     assert run.first("child_exited")["signal"] == "SIGTERM"
-    assert elapsed < 4 + 2 + 10 < _unit_stop_timeout_s()
+    assert elapsed < _unit_stop_timeout_s()  # systemd's SIGKILL comes after TimeoutStopSec (5 min)
     assert completed["duration_s"] >= 4
 
     got = listener.close()

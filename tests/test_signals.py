@@ -44,6 +44,7 @@ def test_every_catchable_signal_is_either_forwarded_or_listed_as_kept() -> None:
     assert set(USED) <= set(HANDLED) and signal.SIGPIPE not in HANDLED
 
 
+@pytest.mark.system
 @pytest.mark.parametrize("signum", FORWARDED, ids=signal_label)
 def test_signal_reaches_the_child(recorded: EsiwrapRun, signum: int) -> None:
     """`kill -<SIG> esiwrap`: the child gets it, esiwrap goes on (SIGALRM and SIGPWR used to
@@ -53,6 +54,7 @@ def test_signal_reaches_the_child(recorded: EsiwrapRun, signum: int) -> None:
     assert recorded.proc.poll() is None, f"esiwrap ended on {signal_label(signum)}"
 
 
+@pytest.mark.system
 def test_own_io_error_signals_are_not_forwarded(recorded: EsiwrapRun) -> None:
     """SIGPIPE to esiwrap is ignored (its own closed pipe must not kill the child); a forwarded
     signal sent after it arrives alone."""
@@ -63,6 +65,7 @@ def test_own_io_error_signals_are_not_forwarded(recorded: EsiwrapRun) -> None:
     assert "SIGPIPE" not in recorded.stdout.decode() and recorded.proc.poll() is None
 
 
+@pytest.mark.system
 def test_the_run_ends_normally_after_all_that(recorded: EsiwrapRun) -> None:
     """After all that, SIGTERM still stops the run the usual way: nothing attached to save, so
     the child gets the stop signal and dies of it (143); esiwrap never failed."""

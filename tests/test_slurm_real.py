@@ -22,6 +22,8 @@ from slurm_cluster import SlurmCluster, missing_programs, wait_for_file_text
 
 from esiwrap.deadline.value import iso_utc
 
+pytestmark = pytest.mark.system
+
 Event = dict[str, Any]
 
 

@@ -55,6 +55,7 @@ def job_env(bin_dir: Path, **extra: str) -> dict[str, str]:
 
 
 # ---------------------------------------------------------------------------------- off Slurm
+@pytest.mark.system
 def test_outside_a_slurm_job_a_run_does_not_start_the_source() -> None:
     """No SLURM_JOB_ID: the default list builds no slurm source (no thread, no log line, and
     nothing that could run squeue is loaded); `esiwrap deadline` (explain) still says why."""
@@ -74,6 +75,7 @@ def test_outside_a_slurm_job_a_run_does_not_start_the_source() -> None:
     assert "slurm" in DEFAULT_SOURCES
 
 
+@pytest.mark.system
 def test_esiwrap_deadline_lists_the_slurm_source_outside_slurm() -> None:
     """`esiwrap deadline --json --sources slurm` off Slurm: one unavailable line with the reason."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
@@ -86,6 +88,7 @@ def test_esiwrap_deadline_lists_the_slurm_source_outside_slurm() -> None:
 
 
 # ---------------------------------------------------------------------------------- answers
+@pytest.mark.system
 def test_the_end_time_comes_from_squeue_in_epoch_seconds(tmp_path: Path) -> None:
     """squeue -h -j <job> -o %e with SLURM_TIME_FORMAT=%s; the deadline is that end, reserved
     capacity, with the job in the detail."""
@@ -99,6 +102,7 @@ def test_the_end_time_comes_from_squeue_in_epoch_seconds(tmp_path: Path) -> None
     assert calls(recorded) == [{"argv": ["-h", "-j", "12", "-o", "%T %e"], "fmt": "%s"}]
 
 
+@pytest.mark.system
 def test_an_array_task_is_asked_for_as_array_job_underscore_task(tmp_path: Path) -> None:
     """In an array, SLURM_JOB_ID of one task can equal the array's own id, which names every task:
     the source asks for <array job id>_<task id>."""
@@ -109,6 +113,7 @@ def test_an_array_task_is_asked_for_as_array_job_underscore_task(tmp_path: Path)
     assert calls(recorded)[0]["argv"] == ["-h", "-j", "40_7", "-o", "%T %e"]
 
 
+@pytest.mark.system
 def test_slurm_job_end_time_answers_first_without_a_subprocess_then_squeue(tmp_path: Path) -> None:
     """Slurm 23.02+ exports the end known at launch: the first answer needs no squeue; later ones
     ask squeue, which follows a TimeLimit update."""
@@ -123,6 +128,7 @@ def test_slurm_job_end_time_answers_first_without_a_subprocess_then_squeue(tmp_p
     assert second.deadline.detail["via"] == "squeue"
 
 
+@pytest.mark.system
 def test_a_garbled_slurm_job_end_time_falls_back_to_squeue(tmp_path: Path) -> None:
     fake_command(tmp_path, "squeue", f"echo RUNNING {END}")
     answer = ask(SlurmSource(job_env(tmp_path, SLURM_JOB_END_TIME="soon")), NOW)
@@ -160,6 +166,7 @@ def test_a_job_slurm_is_ending_has_no_new_end() -> None:
 FailingSetup = Callable[[Path], None]
 
 
+@pytest.mark.system
 @pytest.mark.parametrize(("setup", "reason"), [
     (lambda d: fake_command(d, "squeue", "echo 'slurm_load_jobs error: Unable to contact slurm controller "
                                          "(connect failure)' >&2; exit 1"),
@@ -169,7 +176,7 @@ FailingSetup = Callable[[Path], None]
      "squeue -h -j 12 -o %T %e failed: slurm_load_jobs error: Invalid job id specified"),
     (lambda d: d.mkdir(), "squeue is not on PATH (SLURM_JOB_ID is set, but Slurm's client commands "
                           "are missing)"),
-    (lambda d: fake_command(d, "squeue", "exec /bin/sleep 30"),
+    (lambda d: fake_command(d, "squeue", "exec /bin/sleep 300"),
      "squeue -h -j 12 -o %T %e did not answer within 0.5s; is slurmctld up? (scontrol ping)"),
 ], ids=["controller down", "error with exit 0", "squeue missing", "hang"])
 def test_failures_are_reasons_never_exceptions(tmp_path: Path, setup: FailingSetup, reason: str) -> None:
@@ -180,7 +187,7 @@ def test_failures_are_reasons_never_exceptions(tmp_path: Path, setup: FailingSet
     source = SlurmSource({"PATH": str(bin_dir), "SLURM_JOB_ID": "12"}, timeout_s=0.5)
     started = time.monotonic()
     answer = ask(source, NOW)
-    assert time.monotonic() - started < 5
+    assert time.monotonic() - started < 60  # the hang is cut at 0.5 s, not left for its 300 s
     assert answer.deadline is None and answer.reason == reason and not answer.expected
 
 
@@ -209,6 +216,7 @@ def test_who_requeues(state: str, reason: str, procid: str, refused: bool) -> No
     assert (requeue_refusal(state, reason, procid) is not None) is refused
 
 
+@pytest.mark.system
 def test_requeue_runs_scontrol_for_the_array_task(tmp_path: Path) -> None:
     squeue_calls = fake_command(tmp_path, "squeue", "echo 'RUNNING|None'")
     scontrol_calls = fake_command(tmp_path, "scontrol", "true")
@@ -219,6 +227,7 @@ def test_requeue_runs_scontrol_for_the_array_task(tmp_path: Path) -> None:
     assert calls(scontrol_calls)[0]["argv"] == ["requeue", "40_7"]
 
 
+@pytest.mark.system
 def test_a_requeue_slurm_refuses_says_what_to_change(tmp_path: Path) -> None:
     fake_command(tmp_path, "squeue", "echo 'RUNNING|None'")
     refused = "echo 'Requested operation is presently disabled for job 12' >&2; exit 1"
@@ -230,6 +239,7 @@ def test_a_requeue_slurm_refuses_says_what_to_change(tmp_path: Path) -> None:
                       "(or set JobRequeue=1)"}
 
 
+@pytest.mark.system
 def test_a_cancelled_job_is_not_requeued(tmp_path: Path) -> None:
     fake_command(tmp_path, "squeue", "echo 'COMPLETING|None'")
     scontrol_calls = fake_command(tmp_path, "scontrol", "true")
@@ -295,6 +305,7 @@ def test_a_supervised_trainer_survives_a_direct_sigterm_and_a_failed_requeue_sti
     assert run.names().index(ev.SLURM_REQUEUE_FAILED) < run.names().index("supervisor_exit")
 
 
+@pytest.mark.system
 def test_the_trainer_library_takes_sigterm_as_a_save_only_when_told() -> None:
     """With ESIWRAP_TRAINER_SIGTERM=save under esiwrap a SIGTERM raises the save flag and the
     process lives on; uninstall() gives SIGTERM back. Without the variable SIGTERM is left alone."""

@@ -85,6 +85,7 @@ def run_deadline(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess
                           text=True, env={**clean, **env}, timeout=30)
 
 
+@pytest.mark.system
 def test_deadline_command_reports_each_source_and_the_winner() -> None:
     """`esiwrap deadline --json`: every source's answer, the winner, exit 0."""
     soon = int(time.time()) + 3600
@@ -97,6 +98,7 @@ def test_deadline_command_reports_each_source_and_the_winner() -> None:
     assert not sagemaker["ok"] and "'x'" in sagemaker["reason"]
 
 
+@pytest.mark.system
 def test_deadline_command_without_any_deadline_exits_3() -> None:
     """No source knows: one line per source and a hint, exit 3."""
     done = run_deadline("--sources", "env", env={})

@@ -79,6 +79,7 @@ def live_snapshot() -> Snapshot:
                    last_checkpoint_at=now - 6 * 60 - 5, work_at_risk_s=6 * 60 + 5.0)
 
 
+@pytest.mark.system
 def test_status_tells_a_person_what_a_live_esiwrap_knows(
         observed: Callable[..., Observed], tmp_path: Path) -> None:
     """The facts a person needs, each on its line; --json gives the same for scripts."""
@@ -108,6 +109,7 @@ def test_status_tells_a_person_what_a_live_esiwrap_knows(
     assert gone.stderr.strip() == f"esiwrap: no esiwrap is running (no live status file in {path})"
 
 
+@pytest.mark.system
 def test_default_location_and_several_runs(observed: Callable[..., Observed], tmp_path: Path) -> None:
     """Without --status-file: $XDG_RUNTIME_DIR/esiwrap/<pid>.json; every live run is listed,
     --pid picks one, and an unknown pid says which ones run."""
@@ -130,6 +132,7 @@ def test_default_location_and_several_runs(observed: Callable[..., Observed], tm
     assert "no running esiwrap has pid 1 (running: " in missing.stderr and str(first.pid) in missing.stderr
 
 
+@pytest.mark.system
 def test_a_killed_esiwrap_is_not_reported_as_running(
         observed: Callable[..., Observed], tmp_path: Path) -> None:
     """SIGKILL leaves the file behind; its pid is dead, so status says nothing runs, and why."""
@@ -146,6 +149,7 @@ def test_a_killed_esiwrap_is_not_reported_as_running(
     assert len(done.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.system
 def test_not_a_status_file_is_said_so(tmp_path: Path) -> None:
     """A file that is not a snapshot: named as such, exit 3, no traceback."""
     path = tmp_path / "other.json"

@@ -19,6 +19,8 @@ from esiwrap_harness import PYTHON, SIGNAL_ECHO, processes_with_marker, wait_unt
 from esiwrap.deadline.value import iso_epoch
 from esiwrap.errors import EXIT_NOT_EXECUTABLE, EXIT_NOT_FOUND, EXIT_SAVE_MISSED, EXIT_USAGE
 
+pytestmark = pytest.mark.system
+
 
 def echo_child(*args: str) -> list[str]:
     return [PYTHON, str(SIGNAL_ECHO), *args]

@@ -23,6 +23,8 @@ from systemd_namespace import CGROUP_V1, SystemdNamespace
 from esiwrap.deadline.value import iso_epoch
 from esiwrap.errors import EXIT_CHECKPOINTED, EXIT_USAGE
 
+pytestmark = pytest.mark.system
+
 ESIWRAP = Path(PYTHON).parent / "esiwrap"
 JOBS = ("train", "slow", "bad", "crash")
 SLOW_SAVE_S = 4.0

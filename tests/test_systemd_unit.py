@@ -17,11 +17,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from esiwrap_harness import PYTHON, ROOT
 
 from esiwrap.cli import option_docs
 from esiwrap.errors import EXIT_USAGE
 from esiwrap.systemd.unit import env_file_text, quote_env_value, render_unit, shipped_template
+
+pytestmark = pytest.mark.system
 
 EXAMPLE_ENV = ROOT / "systemd" / "example.env"
 EXAMPLE_COMMAND = ["/opt/venvs/train/bin/python", "/srv/llama/train.py", "--config", "/srv/llama/config.yaml"]

@@ -28,6 +28,8 @@ from fakes.volcengine_api import FakeVolcengineApi
 from esiwrap.errors import EXIT_CHECKPOINTED
 from esiwrap.timeline import COLORS
 
+pytestmark = pytest.mark.system
+
 SPOT_ITEM = "/latest/spot_instance_termination_time"
 
 

@@ -199,6 +199,7 @@ dist.destroy_process_group()
 """
 
 
+@pytest.mark.system
 def test_ranks_agree_on_a_saves_end_and_mark_a_peer_nodes_request(server: ChannelServer) -> None:
     """Two gloo ranks: rank 1 was asked, rank 0 was not (its node's esiwrap did not ask): rank 0's
     messages say `peer: true`. Rank 0's write fails: the end of `saving()` waits for both and both

@@ -29,7 +29,7 @@ from s3_store import S3Store
 from esiwrap.deadline.value import iso_epoch
 from esiwrap.errors import EXIT_CHECKPOINTED, EXIT_NOT_UPLOADED
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.system, pytest.mark.timeout(300)]
 QUICK = ["--deadline", "+45s", "--stop-grace", "5", "--redundant-time", "6", "--save-duration", "1",
          "--final-margin", "2", "--unmeasured-factor", "1", "--log-level", "debug"]
 

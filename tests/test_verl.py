@@ -31,7 +31,7 @@ from esiwrap.paths import bootstrap_dir
 
 DRIVER = ROOT / "tests" / "verl_driver.py"
 RAY_TIMEOUT_S = 240.0  # importing verl in a fresh Ray worker is slow on a busy CI machine
-pytestmark = pytest.mark.timeout(420)
+pytestmark = [pytest.mark.system, pytest.mark.timeout(420)]
 
 # verl's ESI decision case by case (the cases of verl's tests/utils/ckpt/test_esi_save_ckpt_on_cpu.py)
 # run against the name the legacy loop calls: `ray_trainer.should_save_ckpt_esi`.

@@ -20,6 +20,8 @@ from esiwrap.deadline.value import iso_epoch
 from esiwrap.errors import EXIT_CHECKPOINTED, EXIT_USAGE
 from esiwrap.policy import PolicyConfig
 
+pytestmark = pytest.mark.system
+
 WHAT_IF = "--redundant-time 1 --final-margin 0.5"
 
 

@@ -13,7 +13,8 @@ As Microsoft documents it (learn.microsoft.com/azure/virtual-machines/linux/sche
 * `DocumentIncarnation` grows whenever the events change; an event has EventId, EventType,
   ResourceType, Resources, EventStatus (Scheduled | Started), NotBefore (RFC 1123, "" once
   started), Description, EventSource, DurationInSeconds;
-* the first GET of the document "enables the service" and answers after `enable_delay_s`;
+* the first GET of the document "enables the service" and answers after `enable_delay_s`, or
+  once the test sets `enable_gate`;
 * an approval (POST) of a known EventId answers 200 and starts the event (EventStatus Started,
   NotBefore ""); a malformed body or an unknown EventId is 400;
 * more than 5 requests in a second are throttled with 429 (`rate_limit`).
@@ -25,6 +26,7 @@ Faults: `answer_next(status, body)` replaces the next answers to the document GE
 from __future__ import annotations
 
 import json
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -41,6 +43,7 @@ INSTANCE_VERSIONS = frozenset({"2020-12-01", "2021-01-01", "2021-02-01", "2021-0
 EVENTS_PATH = "/metadata/scheduledevents"
 COMPUTE_PATH = "/metadata/instance/compute/"
 DEFAULT_VM = "trainer-vm-0"
+MAX_ENABLE_S = 60.0  # the fake's own bound on a first call held by `enable_gate`
 BAD_VERSION = "Bad request. api-version is invalid or was not specified in the request."
 
 
@@ -86,10 +89,11 @@ class FakeEvent:
 
 class FakeAzureMetadata(Running):
     def __init__(self, vm_name: str = DEFAULT_VM, priority: str = "Regular", enable_delay_s: float = 0.0,
-                 rate_limit: int | None = 5) -> None:
+                 rate_limit: int | None = 5, enable_gate: threading.Event | None = None) -> None:
         self.vm_name = vm_name
         self.priority = priority
         self.enable_delay_s = enable_delay_s
+        self.enable_gate = enable_gate
         self.rate_limit = rate_limit
         self.events: dict[str, FakeEvent] = {}
         self.incarnation = 1
@@ -202,6 +206,8 @@ class _AzureHandler(QuietHandler):
             fake.enabled = True
             if fake.enable_delay_s:
                 time.sleep(fake.enable_delay_s)  # "a delayed response in your first call"
+            if fake.enable_gate is not None:
+                fake.enable_gate.wait(MAX_ENABLE_S)  # as long as the test says
         with fake.lock:
             injected = fake._next_answers.pop(0) if fake._next_answers else None
         if injected is not None:

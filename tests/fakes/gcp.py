@@ -36,6 +36,7 @@ class Request:
     flavor_ok: bool
     at: float
     answered_at: float = 0.0
+    woke_on_change: bool = False  # a hanging GET that returned because the value changed, not its timeout
 
     @property
     def hanging(self) -> bool:
@@ -82,15 +83,17 @@ class FakeGcpMetadata(Running):
             self._changed.notify_all()
         super().close()
 
-    def _wait(self, item: str, last_etag: str | None, timeout_s: float) -> None:
+    def _wait(self, item: str, last_etag: str | None, timeout_s: float) -> bool:
+        """Hang until the value's ETag differs from the one given: True, or False at the timeout."""
         deadline = time.monotonic() + timeout_s
         with self._changed:
             start = etag_of(self.items.get(item, "")) if last_etag is None else last_etag
             while etag_of(self.items.get(item, "")) == start and "__closing__" not in self.items:
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    return
+                    return False
                 self._changed.wait(left)
+            return "__closing__" not in self.items
 
 
 class _GcpHandler(QuietHandler):
@@ -117,7 +120,8 @@ class _GcpHandler(QuietHandler):
             return
         if request.hanging and fake.hang_supported:
             timeout = float((query.get("timeout_sec") or [str(MAX_HANG_S)])[0])
-            fake._wait(item, (query.get("last_etag") or [None])[0], min(timeout, MAX_HANG_S))
+            request.woke_on_change = fake._wait(item, (query.get("last_etag") or [None])[0],
+                                                min(timeout, MAX_HANG_S))
         with fake._changed:
             injected = fake._next_answers.pop(0) if fake._next_answers else None
             value = fake.items.get(item, "")
