@@ -486,9 +486,11 @@ class Controller:
         self._resume_checked = False
 
     # ------------------------------------------------------------------ the two entry points
-    def handle(self, input_: Input, now: Now) -> list[Action]:
+    def handle(self, input_: Input, now: Now, *, fire_timers: bool = True) -> list[Action]:
         """React to one input, then fire whatever timer it made due. Anything that is not an
-        `Input` is the caller's bug: TypeError at once."""
+        `Input` is the caller's bug: TypeError at once. `fire_timers=False` leaves the timers to
+        `tick`: the shell applies every input that was waiting when its loop woke before a timer
+        that fell due meanwhile decides (a save_end read behind a step report, late)."""
         if isinstance(input_, TRAINER_REPORTS) and not self._attached(input_.pid):
             return self._take()  # only a trainer that said hello reports steps and saves
         match input_:
@@ -529,7 +531,8 @@ class Controller:
             case _:
                 msg = f"not an input of the controller: {input_!r}"
                 raise TypeError(msg)
-        self._fire_timers(now)
+        if fire_timers:
+            self._fire_timers(now)
         return self._take()
 
     def tick(self, now: Now, late_s: float | None = None) -> list[Action]:
