@@ -34,7 +34,14 @@ The loads (`--loads`, comma-separated):
   test_the_simulated_supervisor_saves_where_the_real_one_did`, where a loaded full-suite run
   once exited 76: its trainer (0.6 s steps, 0.3 s saves, no torch), its flags and its 16 s
   deadline, launched as the test harness does (`python -m esiwrap`, stderr read through a pipe),
-  three at once (the suite's three workers) beside 2 busy loops per core.
+  three at once (the suite's three workers) beside 2 busy loops per core;
+* stalldisk: the same runs, with their status and state files on tests/slowfs.py's filesystem
+  with FILES_LATENCY_S added to every write, rename and fsync: a disk so busy (another job's
+  checkpoint in its writeback) that a small file's write waits. esiwrap before issue 24 wrote
+  them from its loop: this is the load under which it exited 76 (BENCHMARKS.md).
+
+And one not in the default set (it keeps the shared disk busy): disk, another checkpoint of
+DISK_WRITE_MB written and fsync'd in a loop beside the torch runs.
 
 The trainer of every load but test76 is `examples/tiny_trainer.py`, the PyTorch demo: a real
 CPU training step and a real checkpoint (torch.save to a temporary file, fsync, rename, fsync of
@@ -85,6 +92,7 @@ QUOTA_WEIGHT_PROCESSES = 8
 MEMORY_HOG_MB = 2048
 DATASET_MB, DATASET_MB_S = 1024, 64
 DISK_WRITE_MB = 1024
+FILES_LATENCY_S = 2.0
 # A run's share of the limit beside the hog: the torch trainer's anonymous memory (about 220 MB)
 # and esiwrap's (13 MB), and a little for the files they read and write (their page cache).
 MEMORY_HEADROOM_MB = 280
@@ -171,6 +179,7 @@ class Load:
     slowfs: bool = False  # checkpoints on the paced FUSE filesystem
     deadline_s: float | None = None  # instead of the workload's
     disk_writer: bool = False  # a process keeps the disk that holds /run and /tmp busy writing
+    files_latency_s: float | None = None  # status and state files on a FUSE disk this slow per write
 
 
 LOADS = {
@@ -186,9 +195,14 @@ LOADS = {
                    "torch", 3, slowfs=True),
     "test76": Load("test76", "the exit-76 test's conditions, {busy} busy loops per core", "test76", 3,
                    busy_per_core=2),
+    "stalldisk": Load("stalldisk", f"the exit-76 test's runs, status and state files on a disk holding "
+                      f"each write, rename and fsync {FILES_LATENCY_S:g} s", "test76", 3,
+                      files_latency_s=FILES_LATENCY_S),
     "disk": Load("disk", f"a checkpoint written beside, {DISK_WRITE_MB} MB fsync'd in a loop", "torch", 3,
                  disk_writer=True),
 }
+
+DEFAULT_LOADS = [name for name in LOADS if name != "disk"]
 
 
 @dataclass
@@ -268,12 +282,15 @@ class Processes:
 
 
 def run_once(load: Load, workload: Workload, index: int, run_dir: Path, ckpt_dir: Path,
-             cgroups: Sequence[Path], processes: Processes, checkpoint_mb: float) -> RunResult:
+             cgroups: Sequence[Path], processes: Processes, checkpoint_mb: float,
+             files_dir: Path | None = None) -> RunResult:
     run_dir.mkdir(parents=True, exist_ok=True)
     log = run_dir / "esiwrap.jsonl"
+    files = [] if files_dir is None else ["--status-file", str(files_dir / f"{run_dir.name}-status.json"),
+                                          "--state-file", str(files_dir / f"{run_dir.name}-state.json")]
     launched = time.time()
     deadline = launched + workload.deadline_s
-    command = [*esiwrap_command(workload.harness), "--deadline", f"{deadline:.3f}", *workload.flags,
+    command = [*esiwrap_command(workload.harness), "--deadline", f"{deadline:.3f}", *workload.flags, *files,
                "--log-level", "debug", "--log-file", str(log), "--",
                *workload.trainer(ckpt_dir, checkpoint_mb)]
     env = run_environment(workload.harness)
@@ -437,6 +454,7 @@ class Setting:
 
     cgroups: list[Path] = field(default_factory=list)
     ckpt_roots: list[Path] = field(default_factory=list)
+    files_roots: list[Path] = field(default_factory=list)  # where each slot's status and state files go
     checkpoint_mb: float = 0.0
     report: Callable[[], str] = lambda: ""
 
@@ -484,14 +502,19 @@ def load_in_place(load: Load, parallel: int, busy_per_core: int, scratch: Path,
             writer = processes.start([sys.executable, "-c", DISK_WRITER, str(target), str(DISK_WRITE_MB)],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             stack.callback(processes.stop, writer)
-        if load.slowfs:
+        if load.slowfs or load.files_latency_s is not None:
             sys.path.insert(0, str(SLOWFS.parent))
             import slowfs  # type: ignore[import-not-found]  # tests/slowfs.py
 
-            setting.ckpt_roots = [stack.enter_context(slowfs.mounted(scratch / f"slowfs-{slot}",
-                                                                     SLOWFS_MB_S * 1e6))
-                                  for slot in range(parallel)]
-            setting.checkpoint_mb = SLOWFS_CHECKPOINT_MB
+            def mounts(name: str, bytes_per_s: float, latency_s: float = 0.0) -> list[Path]:
+                return [stack.enter_context(slowfs.mounted(scratch / f"{name}-{slot}", bytes_per_s,
+                                                           latency_s)) for slot in range(parallel)]
+
+            if load.slowfs:
+                setting.ckpt_roots = mounts("slowfs", SLOWFS_MB_S * 1e6)
+                setting.checkpoint_mb = SLOWFS_CHECKPOINT_MB
+            if load.files_latency_s is not None:
+                setting.files_roots = mounts("stalldisk", 50e6, load.files_latency_s)
         yield setting
 
 
@@ -540,7 +563,8 @@ def run_load(load: Load, workload: Workload, runs: int, parallel: int, busy_per_
                 for index in range(k, runs, parallel):
                     result = run_once(load, workload, index, scratch / f"run-{index:03d}",
                                       setting.ckpt_roots[k] / f"run-{index:03d}", setting.cgroups, processes,
-                                      setting.checkpoint_mb)
+                                      setting.checkpoint_mb,
+                                      setting.files_roots[k] if setting.files_roots else None)
                     results.append(result)
                     progress(f"{load.name} {len(results)}/{runs}: exit {result.code}"
                              + (f" ({result.exit_reason})" if result.code != 75 else ""))
@@ -662,8 +686,8 @@ def machine() -> str:
 # ---------------------------------------------------------------------------------- command line
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--loads", default=",".join(LOADS),
-                        help=f"comma-separated, of: {', '.join(LOADS)} (default: all)")
+    parser.add_argument("--loads", default=",".join(DEFAULT_LOADS),
+                        help=f"comma-separated, of: {', '.join(LOADS)} (default: all but disk)")
     parser.add_argument("--runs", type=int, help="runs per load (default 50; 2 with --quick)")
     parser.add_argument("--parallel", type=int, help="runs at once (default: each load's own)")
     parser.add_argument("--busy-per-core", type=int, help="busy loops per core (default: each load's own)")
