@@ -1,6 +1,6 @@
 """Soak: a real trainer under the real CLI, many times, on a starved node (issue 24).
 
-    python benchmarks/soak.py                              # every load, 50 runs each (about 75 min)
+    python benchmarks/soak.py                              # every load, 50 runs each (about 90 min)
     python benchmarks/soak.py --loads busy4,test76 --runs 20 --json soak.json --keep-logs soak-logs
     python benchmarks/soak.py --loads test76 --busy-per-core 4 --parallel 6     # harder than the test
     python benchmarks/soak.py --quick --loads idle         # a smoke run: 2 runs
@@ -158,7 +158,7 @@ class Workload:
 WORKLOADS = {
     # 0.5 s steps; the insurance save planned from the checkpoint's size and the probed storage,
     # then a final save 1 s from the deadline at the closest
-    "torch": Workload("torch", 30.0, ("--redundant-time", "4", "--save-duration", "1", "--final-margin", "1",
+    "torch": Workload("torch", 40.0, ("--redundant-time", "4", "--save-duration", "1", "--final-margin", "1",
                                       "--local-checkpoints-survive")),
     # tests/test_simulate.py::test_the_simulated_supervisor_saves_where_the_real_one_did, as it is
     "test76": Workload("test76", 16.0, ("--redundant-time", "2", "--save-duration", "0.4",
