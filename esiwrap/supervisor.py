@@ -5,9 +5,10 @@ deadline watcher's wake socket, a pidfd per attached trainer and (while stopping
 child's tree, with a timeout the controller sets (`wake_at`). Signal handlers do nothing in
 Python: `signal.set_wakeup_fd` writes the signal number to the wakeup pipe, which `esiwrap.early`
 set up first thing at start (signals that came while esiwrap loaded wait there). Everything that
-happens becomes an input for the controller, with the time; the controller's actions (signal
-these PIDs, stop the child, log, keep the job's state, check the tree, start or stop an upload,
-look at the checkpoint's filesystem, exit) are carried out here. The loop never waits on a disk
+happens becomes an input for the controller, with the time; every input of a wake-up is applied
+before the timers that fell due fire (`tick`). The controller's actions (signal these PIDs, stop
+the child, log, keep the job's state, check the tree, start or stop an upload, look at the
+checkpoint's filesystem, exit) are carried out here. The loop never waits on a disk
 or a log reader: the state, status and metrics files are written by a thread of their own
 (`esiwrap.writer`), and so are the log's lines (`esiwrap.log`). The `--upload` helper is the
 shell's own child, reaped in the loop like the rest; what holds a checkpoint is looked at on a
@@ -249,7 +250,12 @@ class Supervisor:
         while True:
             timeout = self._next_timeout()
             wake_at = time.monotonic() + timeout
-            for key, _ in self._selector.select(timeout):
+            ready = self._selector.select(timeout)
+            if not ready:
+                # A signal past the timeout (SIGCONT after a stop) ends select without a look at
+                # the sockets (PEP 475): what waits there is taken before a timer decides.
+                ready = self._selector.select(0)
+            for key, _ in ready:
                 key.data(key)
             now = self._now()
             # how late the loop ran against the wake-up it asked for (a starved node): plan margin
@@ -295,13 +301,17 @@ class Supervisor:
     def _feed_queued(self) -> None:
         """Hand the controller each queued input in turn; carrying out its actions may queue more
         (an upload started, the tree checked), which follow in order rather than inside the
-        actions' loop."""
+        actions' loop. Timers fire only in `tick`, after each wake-up's inputs: what was waiting
+        when the loop woke (a step report, save_begin and save_end read together from the
+        channel) is all applied before a timer that fell due while the loop was held up (the
+        deadline) decides; the first of them firing it counted a save acknowledged in time as
+        missed (exit 76)."""
         if self._feeding:
             return
         self._feeding = True
         try:
             while self._queued:
-                self._apply(self.controller.handle(self._queued.pop(0), self._now()))
+                self._apply(self.controller.handle(self._queued.pop(0), self._now(), fire_timers=False))
         finally:
             self._feeding = False
 

@@ -61,8 +61,8 @@ def show(actions: list[core.Action]) -> str:
 class RecordingController(Controller):
     """The real controller; each call also writes a line."""
 
-    def handle(self, input_: core.Input, now: Now) -> list[core.Action]:
-        actions = super().handle(input_, now)
+    def handle(self, input_: core.Input, now: Now, *, fire_timers: bool = True) -> list[core.Action]:
+        actions = super().handle(input_, now, fire_timers=fire_timers)
         Recorder.lines.append(f"H {now!r} {input_!r} -> {show(actions)}")
         self._snapshot(now)
         return actions

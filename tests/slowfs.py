@@ -32,7 +32,9 @@ def make_operations(root: str, bytes_per_s: float, latency_s: float = 0.0) -> An
 
     class Paced(Operations):  # type: ignore[misc]
         def __init__(self) -> None:
-            self.lock = threading.Lock()
+            # not `self.lock`: that is FUSE's POSIX-lock operation, which fusepy calls at every
+            # close (a lock object there failed each call with a traceback on the daemon's stderr)
+            self.bucket_lock = threading.Lock()
             self.free_at = time.monotonic()  # when the bucket has room for the next write
 
         def _path(self, path: str) -> str:
@@ -55,7 +57,7 @@ def make_operations(root: str, bytes_per_s: float, latency_s: float = 0.0) -> An
             return os.pread(fh, size, offset)
 
         def write(self, path: str, data: bytes, offset: int, fh: int) -> int:
-            with self.lock:
+            with self.bucket_lock:
                 now = time.monotonic()
                 self.free_at = max(self.free_at, now) + len(data) / bytes_per_s
                 wait = self.free_at - now
@@ -106,19 +108,22 @@ def make_operations(root: str, bytes_per_s: float, latency_s: float = 0.0) -> An
 @contextlib.contextmanager
 def mounted(base: Path, bytes_per_s: float, latency_s: float = 0.0) -> Iterator[Path]:
     """A paced FUSE filesystem at `base/mnt` over `base/back`, unmounted (and its process gone)
-    when the block ends."""
+    when the block ends. The daemon's stderr goes to `base/slowfs.err`: a pipe nobody reads
+    would fill, and a daemon thread blocked writing to it leaves its request unanswered (the
+    process waiting on it cannot even exit)."""
     back, mnt = base / "back", base / "mnt"
     back.mkdir(parents=True, exist_ok=True)
     mnt.mkdir(parents=True, exist_ok=True)
+    errors = base / "slowfs.err"
     command = [sys.executable, __file__, str(back), str(mnt), str(bytes_per_s), str(latency_s)]
-    proc = subprocess.Popen(command,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    with open(errors, "wb") as err:
+        proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
     try:
         deadline = time.monotonic() + 20.0
         while not os.path.ismount(mnt):
             if proc.poll() is not None or time.monotonic() > deadline:
-                err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
-                msg = f"slowfs did not mount at {mnt}: {err.strip() or 'timed out'}"
+                said = errors.read_text(errors="replace").strip()
+                msg = f"slowfs did not mount at {mnt}: {said or 'timed out'}"
                 raise RuntimeError(msg)
             time.sleep(0.05)
         yield mnt

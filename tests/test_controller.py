@@ -467,6 +467,35 @@ def test_a_miss_with_a_save_begun_and_never_ended_says_so_and_names_a_failed_sav
     assert any("No space left on device" in why for why in event["never_came"][1:])
 
 
+def test_inputs_applied_before_the_timers_count_a_save_acknowledged_before_a_late_wake() -> None:
+    """The loop was held up past the deadline while the step report, save_begin and save_end of
+    the insurance save waited in the channel. Applied with `fire_timers=False`, as the shell does,
+    then `tick`: the checkpoint counts (exit 75, "checkpoint complete"). Fired after the first of
+    them, the deadline's timer would have decided before the save_end: exit 76 (what `handle`
+    alone still does, for a caller that feeds one input at a time, as the simulator)."""
+    def held_up(fire_timers: bool) -> Driver:
+        d = Driver(ControllerConfig(policy=PolicyConfig(redundant_s=2.0, save_duration_s=1.0)))
+        d.deadline(40.0)
+        d.hello()
+        step = planned_signal(d) + 1
+        d.wall += 40.0  # the loop runs again 40 s later, the deadline passed
+        d.mono += 40.0
+        for waiting in (core.Step(CHILD, step, 1.0), core.SaveBegin(CHILD, step),
+                        core.SaveEnd(CHILD, step, duration_s=0.3, path="/ckpt")):
+            d.actions += d.controller.handle(waiting, d.now, fire_timers=fire_timers)
+        d.actions += d.controller.tick(d.now)
+        return d
+
+    applied_first = held_up(fire_timers=False)
+    assert applied_first.controller.stop is not None
+    assert applied_first.controller.stop.exit_status == EXIT_CHECKPOINTED
+    assert not logs(applied_first.actions, "save_missed")
+    assert [e["kind"] for e in logs(applied_first.actions, "save_completed")] == ["insurance"]
+    one_at_a_time = held_up(fire_timers=True)
+    assert one_at_a_time.controller.stop is not None
+    assert one_at_a_time.controller.stop.exit_status == EXIT_SAVE_MISSED
+
+
 def test_nobody_to_save_logs_why_before_the_graceful_stop() -> None:
     """The stop --stop-grace before the deadline with nobody attached is an exit 76 too: it says so."""
     d = Driver(ControllerConfig(stop_grace_s=10.0))
