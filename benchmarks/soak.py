@@ -1,6 +1,6 @@
 """Soak: a real trainer under the real CLI, many times, on a starved node (issue 24).
 
-    python benchmarks/soak.py                              # every load, 50 runs each (about 90 min)
+    python benchmarks/soak.py                              # every load, 50 runs each (about 95 min)
     python benchmarks/soak.py --loads busy4,test76 --runs 20 --json soak.json --keep-logs soak-logs
     python benchmarks/soak.py --loads test76 --busy-per-core 4 --parallel 6     # harder than the test
     python benchmarks/soak.py --quick --loads idle         # a smoke run: 2 runs
