@@ -148,12 +148,26 @@ class ChannelServer:
             os.rmdir(self._dir)
 
 
+# A full receiver (esiwrap's loop held up: a Unix datagram socket queues only
+# net.unix.max_dgram_qlen, 10 by default) refuses a datagram at once. These are kept and sent again
+# before anything else, at the next send or `flush`: a lost save_end is a checkpoint esiwrap never
+# hears of (exit 76 with the checkpoint on disk). A step report is not kept: the next one says more.
+KEPT_WHEN_REFUSED = frozenset({
+    messages.HELLO, messages.SAVE_BEGIN, messages.SAVE_SNAPSHOT, messages.SAVE_END, messages.BYE,
+    messages.CHECKPOINT, messages.START, messages.DEADLINE,
+})
+MAX_KEPT = 256  # bounded: a receiver gone for good costs a trainer no more than this
+
+
 class ChannelClient:
-    """The trainer's end. `send` never blocks and never raises: training comes first."""
+    """The trainer's end. `send` never blocks and never raises: training comes first. A message
+    that matters and is refused (the receiver's queue is full) is kept and sent again, in order,
+    before the next one."""
 
     def __init__(self, path: str | None) -> None:
         self.path = path
         self._sock: socket.socket | None = None
+        self._kept: list[bytes] = []  # refused, to be sent again (oldest first)
 
     @classmethod
     def from_env(cls) -> ChannelClient:
@@ -167,13 +181,48 @@ class ChannelClient:
         payload = {"type": message_type, "pid": os.getpid(), **fields,
                    "sent_mono": round(time.monotonic(), 6)}
         try:
-            if self._sock is None:
-                self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-                self._sock.setblocking(False)
-            self._sock.sendto(json.dumps(payload).encode("utf-8"), self.path)
-        except (OSError, TypeError, ValueError):
+            data = json.dumps(payload).encode("utf-8")
+        except (TypeError, ValueError):
+            return False
+        if not self.flush():  # what was refused goes first; this one waits behind it
+            return self._keep(message_type, data)
+        try:
+            self._datagram(data)
+        except (BlockingIOError, InterruptedError):
+            return self._keep(message_type, data)
+        except OSError:
             return False
         return True
+
+    def flush(self) -> bool:
+        """Send again what the receiver refused, oldest first; True when nothing is left."""
+        while self._kept:
+            try:
+                self._datagram(self._kept[0])
+            except (BlockingIOError, InterruptedError):
+                return False
+            except OSError:  # no receiver any more: nobody will read them
+                self._kept.clear()
+                return True
+            self._kept.pop(0)
+        return True
+
+    @property
+    def pending(self) -> int:
+        """Messages refused and kept to be sent again."""
+        return len(self._kept)
+
+    def _keep(self, message_type: str, data: bytes) -> bool:
+        if message_type in KEPT_WHEN_REFUSED and len(self._kept) < MAX_KEPT:
+            self._kept.append(data)
+        return False
+
+    def _datagram(self, data: bytes) -> None:
+        assert self.path is not None
+        if self._sock is None:
+            self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+            self._sock.setblocking(False)
+        self._sock.sendto(data, self.path)
 
     def close(self) -> None:
         if self._sock is not None:
