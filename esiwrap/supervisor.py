@@ -344,7 +344,7 @@ class Supervisor:
         if self._child_pid is None:  # not started: nothing more to say than its ending
             return replace(run, seen_at=now)
         snapshot = self._snapshot()
-        capacity = self.controller.obs.capacity  # what the policy plans with (the policy's own record)
+        capacity = self.controller.capacity()  # what the policy plans with
         end_step = snapshot.durable_step if snapshot.durable_step is not None else run.start_step
         return replace(run, seen_at=now, nodes=max(1, capacity.nodes), capacity=capacity.kind,
                        source=snapshot.deadline_source or "", end_step=end_step,

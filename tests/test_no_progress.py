@@ -21,7 +21,7 @@ from esiwrap_harness import PLAIN_TRAINER, PYTHON, EsiwrapRun, kill_leftovers
 
 from esiwrap.errors import EXIT_CHECKPOINTED, EXIT_NO_PROGRESS, EXIT_SAVE_MISSED
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.system, pytest.mark.timeout(300)]
 FAST = ["--stop-grace", "2", "--status-file", "none", "--redundant-time", "1", "--save-duration", "0.3",
         "--final-margin", "0.5", "--no-probe-storage"]
 

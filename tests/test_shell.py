@@ -9,7 +9,8 @@ from pathlib import Path
 from esiwrap import controller, supervisor
 
 SUPERVISOR = Path(supervisor.__file__)
-ENTRY_POINTS = {"handle", "tick", "finish", "wake_at", "snapshot"}  # the controller's public methods
+# the controller's public methods
+ENTRY_POINTS = {"handle", "tick", "finish", "wake_at", "snapshot", "capacity"}
 
 
 def controller_reads(tree: ast.Module) -> list[tuple[int, str]]:
@@ -29,7 +30,8 @@ def controller_reads(tree: ast.Module) -> list[tuple[int, str]]:
 
 def test_the_supervisor_uses_only_the_controllers_entry_points() -> None:
     """Inputs in (`handle`, `tick`, `finish`), actions out, `wake_at` for the loop's timeout and
-    `snapshot` for the status line, metrics and status file: no attribute of the controller's state."""
+    `snapshot` for the status line, metrics and status file, `capacity` for the run's record in the
+    job's history: no attribute of the controller's state."""
     tree = ast.parse(SUPERVISOR.read_text(encoding="utf-8"))
     reads = controller_reads(tree)
     assert {name for _, name in reads} == ENTRY_POINTS

@@ -47,7 +47,8 @@ def moved_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
     items = {"/latest/instance_id": INSTANCE_ID, "/latest/region_id": REGION}
     with FakeMetadata(items) as imds, FakeVolcengineApi() as api:
         api.add_instance(INSTANCE_ID, SCHEDULED_ID, expired_at=rfc3339_in(86400))
-        release_at = time.time() + 60  # on the picture's scale, beyond the run's end
+        started = time.time()
+        release_at = started + 60  # beyond the run's end, on the picture's scale (see below)
         api.set_release(SCHEDULED_ID, rfc3339_in(release_at - time.time()))
         env = {**CREDENTIALS, "ESIWRAP_METADATA_URL": imds.url, "ESIWRAP_VOLCENGINE_ENDPOINT": api.url}
         run = EsiwrapRun([
@@ -58,8 +59,13 @@ def moved_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
         try:
             run.wait_event("deadline_resolved", timeout=30, source="volcengine")
             run.wait_for(lambda e: e["event"] == "step_observed" and e.get("step", 0) >= 5, 90, "step 5")
-            # earlier than the release however long torch took to start on a busy node: the notice moves it
-            imds.set(SPOT_ITEM, rfc3339_in(min(20.0, release_at - time.time() - 8)))
+            # The notice moves the deadline earlier however long torch took to start (before the
+            # release), leaves the saves 20 s when it can, and keeps the run long enough that the
+            # superseded release stays on the picture's scale (drawn when no later than the run's
+            # end + 1.5 x its length: the run ends about 2.5 s before the notice, so 30 s after the
+            # start puts the scale's edge past 67 s), whether torch started in 2 s or 30.
+            notice_at = min(max(time.time() + 20, started + 30), release_at - 8)
+            imds.set(SPOT_ITEM, rfc3339_in(notice_at - time.time()))
             run.wait_event("deadline_changed", timeout=30, source="volcengine-spot")
             code = run.finish(timeout=90)
         finally:

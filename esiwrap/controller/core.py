@@ -66,6 +66,7 @@ from esiwrap.controller.uploads import Uploads
 from esiwrap.deadline.value import Deadline
 from esiwrap.errors import EXIT_CHECKPOINTED, EXIT_NOT_UPLOADED, EXIT_SAVE_MISSED
 from esiwrap.policy import (
+    Capacity,
     Observations,
     Prior,
     SavePlan,
@@ -198,6 +199,11 @@ class Controller:
             **self.roster.view(), **self.book.view(), **self.planner.view(self.mode), **self.saves.view(now),
             **self.stopping.view(), **self.uploads.view(), **lateness(self.obs),
         )
+
+    def capacity(self) -> Capacity:
+        """The capacity the policy plans with (kind and nodes), for the run's record in the job's
+        history: the record names what the learned rate rested on."""
+        return self.obs.capacity
 
     def current_step_estimate_s(self) -> float | None:
         return step_estimate_s(self.obs, self.config.policy)
