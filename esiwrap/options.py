@@ -536,7 +536,8 @@ def build_run_parser(*, full: bool = False) -> argparse.ArgumentParser:
         "runs on is reclaimed. Exit codes: the child's own; 75 stopped after a completed "
         "checkpoint (with --upload: and its upload); 74 with --upload, the last checkpoint is complete "
         "on local storage only (its upload did not finish); 76 no acknowledged checkpoint before the "
-        "deadline; 2 usage; 126/127 command not executable/not found; 1 esiwrap failed.",
+        "deadline; 78 not started, the job's last runs made no progress (--max-no-progress-runs); "
+        "2 usage; 126/127 command not executable/not found; 1 esiwrap failed.",
         epilog="Every option is also a variable, ESIWRAP_<NAME> (--stop-grace 60 is "
         "ESIWRAP_STOP_GRACE=60); the flag wins. "
         + ("" if full else f"{HELP_ALL} lists every option with its description, variable and default. ")

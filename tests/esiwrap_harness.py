@@ -195,10 +195,15 @@ class EsiwrapRun:
         raise AssertionError(f"no '{name}' event; got {self.names()}")
 
     def kill(self) -> None:
-        """Test cleanup: nothing of this run survives the test."""
+        """Test cleanup: nothing of this run survives the test. The tree is listed before
+        esiwrap is killed: its child runs in a session of its own, and once esiwrap is gone it is
+        nobody's descendant any more."""
+        tree = descendants(self.proc.pid)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGKILL)
-        kill_leftovers(self.proc.pid)
+        for proc in [*tree, *descendants(self.proc.pid)]:
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
         with contextlib.suppress(Exception):
             self.proc.wait(timeout=5)
         for stream in (self.proc.stdout, self.proc.stderr):
@@ -227,11 +232,16 @@ def requested_saves(run: EsiwrapRun) -> list[Event]:
     return [e for e in run.events if e["event"] == "save_completed" and e.get("requested")]
 
 
-def kill_leftovers(root_pid: int) -> None:
+def descendants(root_pid: int) -> list[psutil.Process]:
     with contextlib.suppress(psutil.Error):
-        for child in psutil.Process(root_pid).children(recursive=True):
-            with contextlib.suppress(psutil.Error):
-                child.kill()
+        return list(psutil.Process(root_pid).children(recursive=True))
+    return []
+
+
+def kill_leftovers(root_pid: int) -> None:
+    for child in descendants(root_pid):
+        with contextlib.suppress(psutil.Error):
+            child.kill()
 
 
 def processes_with_marker(marker: str, program: str | None = None) -> list[psutil.Process]:

@@ -83,8 +83,13 @@ class RayNode:
 
 
 def cluster_up(address: str, env: Mapping[str, str]) -> bool:
-    probe = subprocess.run([RAY_BIN, "status", f"--address={address}"], env=dict(env),
-                           capture_output=True, timeout=60, check=False)
+    """Whether `ray status` answers. A probe that does not answer within 60 s (a busy node: a
+    full-suite run beside busy loops saw one hang) is a no, and the caller's wait asks again."""
+    try:
+        probe = subprocess.run([RAY_BIN, "status", f"--address={address}"], env=dict(env),
+                               capture_output=True, timeout=60, check=False)
+    except subprocess.TimeoutExpired:
+        return False
     return probe.returncode == 0
 
 

@@ -16,7 +16,7 @@ from types import ModuleType
 import pytest
 from esiwrap_harness import PYTHON, ROOT
 
-from esiwrap import envvars
+from esiwrap import envvars, errors
 from esiwrap.options import ALL_RUN_OPTIONS, BOOLEAN_FLAGS, QUIET_NEGATIVES, RUN_FLAGS
 from esiwrap.optiontypes import SECTIONS
 
@@ -135,6 +135,19 @@ def test_help_groups_the_options_by_section_one_line_each() -> None:
     lines = text.splitlines()
     assert len(lines) < 80 and max(len(line) for line in lines) <= 80
     assert "--help-all" in text and "docs/reference/options.md" in text
+
+
+@pytest.mark.system
+def test_help_names_every_exit_code_of_a_run() -> None:
+    """`esiwrap --help` says what each of a run's own exit codes means, as the README's table does
+    (78 was once left out of the help when it was added)."""
+    text = " ".join(esiwrap_help("--help").split())
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    for code in (errors.EXIT_NOT_UPLOADED, errors.EXIT_CHECKPOINTED, errors.EXIT_SAVE_MISSED,
+                 errors.EXIT_NO_PROGRESS, errors.EXIT_USAGE, errors.EXIT_FAILURE):
+        assert re.search(rf"(; |: ){code} ", text), code
+        assert f"| **{code}** |" in readme or f"| {code} |" in readme, code
+    assert "126/127" in text
 
 
 @pytest.mark.system

@@ -1,10 +1,11 @@
 """`esiwrap report` on logs written by real runs of the demo trainer under esiwrap.
 
-Three runs start together (about 40 s in all; the deadlines are generous because torch imports
-are slow on a loaded machine): a happy path whose stdout and stderr go to one file that esiwrap
-takes for the journal (`JOURNAL_STREAM`), so trainer output is interleaved with `<N>`-prefixed
-JSON lines; a save that cannot finish before the deadline; and a deadline that moves earlier
-mid-run. The first two also append to one shared `--log-file`.
+Three runs start together (about 60 s in all; the deadlines are generous because torch imports
+are slow on a loaded machine, and the moving run's first one is set once its trainer is ready): a
+happy path whose stdout and stderr go to one file that esiwrap takes for the journal
+(`JOURNAL_STREAM`), so trainer output is interleaved with `<N>`-prefixed JSON lines; a save that
+cannot finish before the deadline; and a deadline that moves earlier mid-run. The first two also
+append to one shared `--log-file`.
 """
 
 from __future__ import annotations
@@ -54,37 +55,39 @@ def _env(**extra: str) -> dict[str, str]:
 def logs(tmp_path_factory: pytest.TempPathFactory) -> Any:
     tmp = tmp_path_factory.mktemp("report")
     shared, journal, change = tmp / "shared.jsonl", tmp / "journal.log", tmp / "change.jsonl"
-    quick = ["--redundant-time", "6", "--save-duration", "1", "--final-margin", "2"]
+    # the insurance save lands 12 s before the deadline: a final save still fits after a step
+    # that a stalled node stretched to seconds
+    quick = ["--redundant-time", "12", "--save-duration", "1", "--final-margin", "2"]
 
     journal_file = open(journal, "wb")  # noqa: SIM115 - handed to the child, closed below
     stat = os.fstat(journal_file.fileno())
     happy = subprocess.Popen(
-        [PYTHON, "-m", "esiwrap", "--deadline", "+40s", *quick, "--log-file", str(shared),
+        [PYTHON, "-m", "esiwrap", "--deadline", "+60s", *quick, "--log-file", str(shared),
          "--log-format", "console",  # ignored on the journal: lines stay JSON
          "--", *_trainer(tmp / "happy")],
         stdout=journal_file, stderr=journal_file, start_new_session=True,
         env=_env(JOURNAL_STREAM=f"{stat.st_dev}:{stat.st_ino}"),
     )
     missed = subprocess.Popen(
-        [PYTHON, "-m", "esiwrap", "--deadline", "+35s", "--redundant-time", "4", "--save-duration", "1",
+        [PYTHON, "-m", "esiwrap", "--deadline", "+55s", "--redundant-time", "4", "--save-duration", "1",
          "--stop-grace", "3", "--log-file", str(shared), "--",
          *_trainer(tmp / "missed", "--save-seconds", "60")],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, env=_env(),
     )
-    deadline_file = tmp / "deadline"
-    first_deadline = round(time.time() + 40, 3)
-    deadline_file.write_text(f"{first_deadline:.3f}")
+    deadline_file = tmp / "deadline"  # none yet: written once the trainer is ready
     moving = EsiwrapRun([str(deadline_file), str(change), "--", *_trainer(tmp / "change")],
                         env=_env(), launcher=[PYTHON, str(CHANGING_DEADLINE)])
     try:
-        moving.wait_event("trainer_attached", timeout=60)
+        moving.wait_event("trainer_attached", timeout=90)
+        first_deadline = round(time.time() + 40, 3)
+        deadline_file.write_text(f"{first_deadline:.3f}")
         moving.wait_event("save_scheduled", timeout=30)
         moved_deadline = round(time.time() + 12, 3)
         deadline_file.write_text(f"{moved_deadline:.3f}")
         moving.wait_event("deadline_changed", timeout=10)
         change_code = moving.finish(timeout=60)
-        happy_code = happy.wait(timeout=90)
-        missed_code = missed.wait(timeout=90)
+        happy_code = happy.wait(timeout=120)
+        missed_code = missed.wait(timeout=120)
     finally:
         moving.kill()
         for proc in (happy, missed):

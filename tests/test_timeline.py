@@ -10,6 +10,7 @@ screenshots, and keeps a full screenshot next to the page for people (timeline.p
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import time
 import xml.etree.ElementTree as ET
@@ -52,7 +53,7 @@ def moved_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
         api.set_release(SCHEDULED_ID, rfc3339_in(release_at - time.time()))
         env = {**CREDENTIALS, "ESIWRAP_METADATA_URL": imds.url, "ESIWRAP_VOLCENGINE_ENDPOINT": api.url}
         run = EsiwrapRun([
-            "--sources", "volcengine,volcengine-spot", "--refresh", "1", "--redundant-time", "6",
+            "--sources", "volcengine,volcengine-spot", "--refresh", "1", "--redundant-time", "10",
             "--save-duration", "1", "--final-margin", "2", "--log-level", "debug", "--log-file", str(log),
             "--", PYTHON, str(TINY_TRAINER), "--ckpt-dir", str(tmp / "ckpt"), "--step-seconds", "0.3",
             "--save-seconds", "0.5"], env=env)
@@ -60,11 +61,13 @@ def moved_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
             run.wait_event("deadline_resolved", timeout=30, source="volcengine")
             run.wait_for(lambda e: e["event"] == "step_observed" and e.get("step", 0) >= 5, 90, "step 5")
             # The notice moves the deadline earlier however long torch took to start (before the
-            # release), leaves the saves 20 s when it can, and keeps the run long enough that the
-            # superseded release stays on the picture's scale (drawn when no later than the run's
-            # end + 1.5 x its length: the run ends about 2.5 s before the notice, so 30 s after the
-            # start puts the scale's edge past 67 s), whether torch started in 2 s or 30.
-            notice_at = min(max(time.time() + 20, started + 30), release_at - 8)
+            # release), leaves the saves 25 s when it can (the insurance lands 10 s before it, so a
+            # final save fits after a step a stalled node stretched to seconds), and keeps the run
+            # long enough that the superseded release stays on the picture's scale (drawn when no
+            # later than the run's end + 1.5 x its length: the run ends about 2.5 s before the
+            # notice, so 30 s after the start puts the scale's edge past 67 s), whether torch
+            # started in 2 s or 30.
+            notice_at = min(max(time.time() + 25, started + 30), release_at - 8)
             imds.set(SPOT_ITEM, rfc3339_in(notice_at - time.time()))
             run.wait_event("deadline_changed", timeout=30, source="volcengine-spot")
             code = run.finish(timeout=90)
@@ -177,12 +180,20 @@ def test_timeline_page_renders_the_run_in_chromium(moved_run: Run, tmp_path: Pat
         line_x = new["line"]["x"]
         red = Png(page.screenshot((line_x - 3, saves_lane["y"] + 4, 6, saves_lane["h"] - 8)))
         assert red.share_of(COLORS["deadline"]) > 0.12  # a 2.5 px line: at least one whole column of 6
-        write = got["saves"][0]["write"]
-        green = Png(page.screenshot((write["x"] + 1, write["y"] + 4, max(write["w"] - 2, 2), write["h"] - 8)))
+        green = Png(page.screenshot(whole_pixels_inside(got["saves"][0]["write"], 4)))
         assert green.share_of(COLORS["completed"]) > 0.8
-        step = got["steps"][len(got["steps"]) // 2]
-        blue = Png(page.screenshot((step["x"], step["y"] + 2, max(step["w"], 1), step["h"] - 4)))
+        blue = Png(page.screenshot(whole_pixels_inside(got["steps"][len(got["steps"]) // 2], 2)))
         assert max(blue.share_of(COLORS["step_a"]), blue.share_of(COLORS["step_b"])) > 0.8
+
+
+def whole_pixels_inside(box: dict[str, float], inset_y: float) -> tuple[float, float, float, float]:
+    """The columns that lie wholly inside a drawn box (its edges fall between pixels and are
+    blended with the background: a save 7 px wide had 2 of its 7 columns half-green), at least
+    one, and its rows less `inset_y` at the top and bottom."""
+    left, right = math.ceil(box["x"]), math.floor(box["x"] + box["w"])
+    if right - left < 1:
+        left, right = math.floor(box["x"]), math.floor(box["x"]) + 1
+    return (left, box["y"] + inset_y, right - left, box["h"] - 2 * inset_y)
 
 
 def crowded_end(run_id: str, length_s: float, gaps_s: tuple[float, float, float]) -> list[dict[str, Any]]:

@@ -9,7 +9,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from esiwrap_harness import PYTHON, TINY_TRAINER
+from esiwrap_harness import PYTHON, TINY_TRAINER, EsiwrapRun
+from fakes.fixtures import CREDENTIALS, INSTANCE_ID, REGION, SCHEDULED_ID, rfc3339_in
+from fakes.metadata import FakeMetadata
+from fakes.volcengine_api import FakeVolcengineApi
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
@@ -27,15 +30,27 @@ WHAT_IF = "--redundant-time 1 --final-margin 0.5"
 
 @pytest.fixture(scope="module")
 def run_log(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One real run of the demo trainer with step times in the log (debug)."""
+    """One real run of the demo trainer with step times in the log (debug). Its deadline, 20 s
+    away, comes from the Volcengine fakes once the trainer has attached: however long torch takes
+    to start on a busy node, the run has 20 s of steps and saves to replay."""
     tmp = tmp_path_factory.mktemp("whatif")
     log = tmp / "run.jsonl"
-    done = subprocess.run(
-        [PYTHON, "-m", "esiwrap", "--deadline", "+20s", "--redundant-time", "4", "--save-duration", "1",
-         "--final-margin", "1", "--log-level", "debug", "--log-file", str(log), "--", PYTHON,
-         str(TINY_TRAINER), "--ckpt-dir", str(tmp / "ckpt"), "--step-seconds", "0.3"],
-        capture_output=True, timeout=120)
-    assert done.returncode == EXIT_CHECKPOINTED, done.stderr[-2000:]
+    items = {"/latest/instance_id": INSTANCE_ID, "/latest/region_id": REGION}
+    with FakeMetadata(items) as imds, FakeVolcengineApi() as api:
+        api.add_instance(INSTANCE_ID, SCHEDULED_ID, expired_at=rfc3339_in(86400))
+        api.set_release(SCHEDULED_ID, "")  # no release time yet: no deadline
+        env = {**CREDENTIALS, "ESIWRAP_METADATA_URL": imds.url, "ESIWRAP_VOLCENGINE_ENDPOINT": api.url}
+        run = EsiwrapRun([
+            "--sources", "volcengine", "--refresh", "1", "--redundant-time", "4", "--save-duration", "1",
+            "--final-margin", "1", "--log-level", "debug", "--log-file", str(log), "--", PYTHON,
+            str(TINY_TRAINER), "--ckpt-dir", str(tmp / "ckpt"), "--step-seconds", "0.3"], env=env)
+        try:
+            run.wait_event("trainer_attached", timeout=120)
+            api.set_release(SCHEDULED_ID, rfc3339_in(20))
+            code = run.finish(timeout=120)
+        finally:
+            run.kill()
+    assert code == EXIT_CHECKPOINTED, run.names()
     return log
 
 
