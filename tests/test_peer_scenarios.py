@@ -135,7 +135,9 @@ def test_sigterm_ends_a_pipeline_and_its_background_job(runs: list[EsiwrapRun]) 
 def test_what_the_command_left_running_gets_sigterm(runs: list[EsiwrapRun]) -> None:
     """dumb-init: the command exits and leaves a process behind (`print_signals & sleep 1`): that
     process gets SIGTERM, and is gone when esiwrap exits."""
-    run = start(runs, "--stop-grace", "2", "--", "sh", "-c",
+    # a grace long enough for a stalled node (the leftover answers SIGTERM at once, else it is
+    # killed and never says so)
+    run = start(runs, "--stop-grace", "20", "--", "sh", "-c",
                 f"'{PYTHON}' '{RECORDER}' {int(signal.SIGTERM)} & sleep 1")
     run.wait_stdout("got SIGTERM\n", 30)
     leftover = int(run.stdout.split(b"ready ")[1].split()[0])

@@ -197,15 +197,17 @@ def test_unregistered_child_never_gets_the_save_signal(esiwrap) -> None:
     """SIGUSR1 would kill a child without a handler: nothing that did not say hello gets it.
 
     The child echoes SIGUSR1 if it ever arrives; esiwrap must instead log no_trainer_attached
-    and stop it gracefully, --stop-grace before the deadline, exit 76.
+    and stop it gracefully, --stop-grace before the deadline, exit 76. The grace (10 s) is what a
+    stalled node needs: a loaded run once stopped every process for seconds, and a 3 s grace ran
+    out before the child could print that it got SIGTERM.
     """
-    run = esiwrap("--deadline", "+8s", "--redundant-time", "1", "--save-duration", "1",
-                  "--stop-grace", "3", "--",
+    run = esiwrap("--deadline", "+14s", "--redundant-time", "1", "--save-duration", "1",
+                  "--stop-grace", "10", "--",
                   *echo_child("--echo", "SIGUSR1", "SIGTERM", "--exit-on", "SIGTERM"))
     run.wait_stdout("ready")
-    attached = run.wait_event("no_trainer_attached", 20)
+    attached = run.wait_event("no_trainer_attached", 30)
     assert attached["action"] == "stop"
-    assert run.finish(30) == EXIT_SAVE_MISSED
+    assert run.finish(60) == EXIT_SAVE_MISSED
     assert "got SIGUSR1" not in run.stdout.decode()
     assert "got SIGTERM" in run.stdout.decode()
     assert run.first("save_requested")["pids"] == []
