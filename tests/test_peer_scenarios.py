@@ -121,9 +121,11 @@ def test_no_zombie_as_pid_1(runs: list[EsiwrapRun]) -> None:
 
 
 def test_sigterm_ends_a_pipeline_and_its_background_job(runs: list[EsiwrapRun]) -> None:
-    """dumb-init's setsid test: SIGTERM to esiwrap with `yes | tail & yes | tail` running ends all
-    four processes (esiwrap stops the child's whole tree)."""
-    run = start(runs, "--", "sh", "-c", "yes 'oh, hi' | tail & yes error | tail >&2")
+    """dumb-init's setsid test: SIGTERM to esiwrap with two pipelines running, one in the
+    background, ends all four processes (esiwrap stops the child's whole tree). dumb-init pipes
+    `yes` into `tail`; here the writers sleep: two `yes | tail` pipelines keep both cores busy in
+    the kernel, and in a loaded suite run they starved every other test's processes for 26 s."""
+    run = start(runs, "--", "sh", "-c", "sleep 600 | tail & sleep 600 | tail >&2")
     child = run.child_pid()
     assert wait_until(lambda: len(psutil.Process(child).children(recursive=True)) == 4, 30)
     tree = psutil.Process(child).children(recursive=True)
