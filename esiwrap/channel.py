@@ -34,7 +34,9 @@ import json
 import math
 import os
 import socket
+import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -157,17 +159,21 @@ KEPT_WHEN_REFUSED = frozenset({
     messages.CHECKPOINT, messages.START, messages.DEADLINE,
 })
 MAX_KEPT = 256  # bounded: a receiver gone for good costs a trainer no more than this
+RESEND_EVERY_S = 0.05  # kept messages are tried again this often, without waiting for a next send
 
 
 class ChannelClient:
     """The trainer's end. `send` never blocks and never raises: training comes first. A message
     that matters and is refused (the receiver's queue is full) is kept and sent again, in order,
-    before the next one."""
+    before the next one, and every RESEND_EVERY_S by a timer thread meanwhile: a save_end must not
+    wait for the next step report, which can be a long step away."""
 
     def __init__(self, path: str | None) -> None:
         self.path = path
         self._sock: socket.socket | None = None
-        self._kept: list[bytes] = []  # refused, to be sent again (oldest first)
+        self._kept: deque[bytes] = deque()  # refused, to be sent again (oldest first)
+        self._lock = threading.Lock()  # the caller's thread and the resend timer share the socket
+        self._resend: threading.Timer | None = None
 
     @classmethod
     def from_env(cls) -> ChannelClient:
@@ -184,18 +190,23 @@ class ChannelClient:
             data = json.dumps(payload).encode("utf-8")
         except (TypeError, ValueError):
             return False
-        if not self.flush():  # what was refused goes first; this one waits behind it
-            return self._keep(message_type, data)
-        try:
-            self._datagram(data)
-        except (BlockingIOError, InterruptedError):
-            return self._keep(message_type, data)
-        except OSError:
-            return False
-        return True
+        with self._lock:
+            if not self._flush():  # what was refused goes first; this one waits behind it
+                return self._keep(message_type, data)
+            try:
+                self._datagram(data)
+            except (BlockingIOError, InterruptedError):
+                return self._keep(message_type, data)
+            except OSError:
+                return False
+            return True
 
     def flush(self) -> bool:
         """Send again what the receiver refused, oldest first; True when nothing is left."""
+        with self._lock:
+            return self._flush()
+
+    def _flush(self) -> bool:
         while self._kept:
             try:
                 self._datagram(self._kept[0])
@@ -204,8 +215,21 @@ class ChannelClient:
             except OSError:  # no receiver any more: nobody will read them
                 self._kept.clear()
                 return True
-            self._kept.pop(0)
+            self._kept.popleft()
         return True
+
+    def _resend_kept(self) -> None:
+        """The timer: try the kept messages again; again later while some are left."""
+        with self._lock:
+            self._resend = None
+            if not self._flush():
+                self._schedule_resend()
+
+    def _schedule_resend(self) -> None:
+        if self._resend is None and self._kept:
+            self._resend = threading.Timer(RESEND_EVERY_S, self._resend_kept)
+            self._resend.daemon = True
+            self._resend.start()
 
     @property
     def pending(self) -> int:
@@ -215,6 +239,7 @@ class ChannelClient:
     def _keep(self, message_type: str, data: bytes) -> bool:
         if message_type in KEPT_WHEN_REFUSED and len(self._kept) < MAX_KEPT:
             self._kept.append(data)
+            self._schedule_resend()
         return False
 
     def _datagram(self, data: bytes) -> None:
@@ -225,6 +250,10 @@ class ChannelClient:
         self._sock.sendto(data, self.path)
 
     def close(self) -> None:
-        if self._sock is not None:
-            self._sock.close()
-            self._sock = None
+        with self._lock:
+            if self._resend is not None:
+                self._resend.cancel()
+                self._resend = None
+            if self._sock is not None:
+                self._sock.close()
+                self._sock = None

@@ -3,6 +3,8 @@ matter are kept and arrive later, in order; nothing blocks the trainer."""
 
 from __future__ import annotations
 
+import selectors
+
 from esiwrap import messages
 from esiwrap.channel import ChannelClient, ChannelServer
 
@@ -66,3 +68,27 @@ def test_a_receiver_gone_for_good_leaves_nothing_kept() -> None:
     assert not client.send(messages.STEP, step=2, duration_s=1.0)
     assert client.pending == 0 and client.flush()
     client.close()
+
+
+def test_a_kept_save_end_goes_without_waiting_for_another_send() -> None:
+    """The trainer sends nothing after its save_end (a long step follows): once esiwrap reads
+    again, the kept save_end arrives by itself (the client's resend timer), not at the next step."""
+    server = ChannelServer()
+    try:
+        client = ChannelClient(server.path)
+        fill(client)
+        client.send(messages.SAVE_END, step=5, ok=True)
+        assert client.pending == 1
+        got = server.receive()  # esiwrap's loop runs again; the trainer sends nothing more
+        with selectors.DefaultSelector() as selector:
+            selector.register(server.fileno(), selectors.EVENT_READ)
+            while messages.SAVE_END not in [m.type for m in got]:
+                assert selector.select(timeout=60), "the kept save_end never came"
+                got += server.receive()
+        others = [(m.type, m.get_int("step")) for m in got if m.type != messages.STEP]
+        assert others == [(messages.SAVE_END, 5)]
+        assert got[-1].type == messages.SAVE_END  # after every step report sent before it
+        assert client.pending == 0
+        client.close()
+    finally:
+        server.close()
