@@ -345,11 +345,13 @@ def with_knowledge(scenario: Scenario, rng: random.Random, p: Params) -> Scenari
     """What a real run would know before its first save: the capacity's kind (unless the family set
     it) and, with `prior`, the checkpoint's bytes and a probe of the storage with its error."""
     capacity = scenario.capacity or ("spot" if scenario.family in SPOT_FAMILIES else "reserved")
+    # a spot notice's source watches for it from the start, and promises its shortest notice
+    notice = p.notice_s[0] if scenario.family in SPOT_FAMILIES else None
     if not p.prior:
-        return replace(scenario, capacity=capacity)
+        return replace(scenario, capacity=capacity, notice_s=notice)
     error = math.exp(rng.gauss(0.0, p.prior_sigma))  # prior / real save
-    return replace(scenario, capacity=capacity, checkpoint_bytes=scenario.saves[0] * NOMINAL_BPS,
-                   probe_bps=NOMINAL_BPS / error)
+    return replace(scenario, capacity=capacity, notice_s=notice,
+                   checkpoint_bytes=scenario.saves[0] * NOMINAL_BPS, probe_bps=NOMINAL_BPS / error)
 
 
 def generate(family: str, run: int, seed: int, params: Params) -> Scenario:

@@ -97,6 +97,11 @@ PRIOR_FLOOR_S = 1.0  # a checkpoint is also opened, serialized, fsync'd and rena
 SPOT_RATE_PER_DAY = 8.0  # per instance: GPU spot capacity goes back within hours
 NODE_FAILURE_RATE_PER_DAY = 1.0 / 264.0  # per node: 419 unexpected interruptions in 54 days on 2048 nodes
 UNKNOWN_RATE_PER_DAY = 1.0
+# A spot source that watches for the cloud's notice (aws-spot: 2 minutes, volcengine-spot: 5) turns
+# most interruptions into deadlines: only those whose notice is too short for the rest of a step plus
+# a save need a periodic save (`unwarned_share`). Every cloud calls its notice best effort and none
+# publishes how often it fails: one in twenty is assumed to come without it, or too late.
+NOTICE_MISSED_SHARE = 0.05
 
 SaveKind = Literal["calibration", "periodic", "insurance", "final"]
 
@@ -138,6 +143,7 @@ class Capacity:
     kind: CapacityKind | None = None
     nodes: int = 1
     source: str = ""  # which source said so, for the `why`
+    notice_s: float | None = None  # the warning a source watches for on every node, before the capacity goes
 
 
 def quantile(values: Sequence[float], q: float) -> float:
@@ -492,17 +498,40 @@ def interruption_rate(obs: Observations, config: PolicyConfig) -> tuple[float, s
     nodes = max(1, capacity.nodes) if capacity.kind is not None else 1
     on = f" ({capacity.source})" if capacity.source else ""
     of_nodes = f" x {nodes} nodes" if nodes > 1 else ""
-    default = default_rate(capacity.kind)
+    share = unwarned_share(obs, config)
+    default = default_rate(capacity.kind) * share
     seen = job_evidence(obs)
     learned = posterior_rate(default, seen, PRIOR_INTERRUPTIONS[capacity.kind])
     history = rate_basis(seen)
     if capacity.kind == "spot":
-        what = f"spot capacity{on}: default {default:g}/day per instance"
+        what = f"spot capacity{on}: default {default_rate('spot'):g}/day per instance"
+        notice = capacity.notice_s
+        if notice is not None and share < 1.0:
+            what += f", {share:.2g} of them without a usable warning (a {notice:g} s notice is watched)"
+        elif notice is not None:
+            what += f" (a {notice:g} s notice is watched, too short for a step plus a save)"
     elif capacity.kind in ("reserved", "on-demand"):
         what = f"node failures on {capacity.kind} capacity{on}: default 1 in {1 / default:.0f} node-days"
     else:
         what = f"the capacity's kind is unknown: default {default:g}/day"
     return learned * nodes, f"{what}, {history}{of_nodes}"
+
+
+def unwarned_share(obs: Observations, config: PolicyConfig) -> float:
+    """The share of the spot capacity's interruptions a periodic save must guard against: 1 unless
+    a source watches for the cloud's notice on every node (`Capacity.notice_s`). A notice comes at
+    any moment of a step; the save it asks for begins at the next boundary and must end within the
+    notice, so it fails when the rest of the step is longer than the notice minus the save (and
+    esiwrap's own lateness): that share of a step, at least NOTICE_MISSED_SHARE. The save is the
+    measured one (x the final save's factor), else the insurance save's cautious estimate, so an
+    unmeasured guess never talks the cadence down."""
+    notice = obs.capacity.notice_s
+    step = step_estimate_s(obs, config)
+    if obs.capacity.kind != "spot" or notice is None or not step:
+        return 1.0
+    kind: SaveKind = "final" if obs.measured else "insurance"
+    need = save_estimate_s(obs, config, kind) + upload_estimate_s(obs, config) + obs.lateness_s
+    return min(1.0, max(NOTICE_MISSED_SHARE, (step + need - notice) / step))
 
 
 def periodic_interval_s(obs: Observations, config: PolicyConfig) -> float | None:

@@ -52,6 +52,7 @@ class Trace:
     checkpoint_bytes: float | None = None  # what the trainer says a checkpoint holds...
     probe_bps: float | None = None  # ...and what the storage probe measured (the prior: bytes / bps)
     capacity: CapacityKind | None = None  # what the deadline source says of the capacity
+    notice_s: float | None = None  # the notice the deadline source watches for (a spot notice), if any
     nodes: int = 1  # the job's nodes, as esiwrap learns them
     surprise_rate_per_day: float = 0.0  # the true rate of interruptions with no notice, for the
     # reference policy; reclaim_at is already the first of them when it came before the deadline's
@@ -315,7 +316,8 @@ class _Shell:
             self.advance(nxt, after_stop=True)
 
     def _answer(self, deadline: float) -> Answer:
-        return Answer("sim", deadline=Deadline(at=deadline, source="sim"), capacity=self.capacity)
+        return Answer("sim", deadline=Deadline(at=deadline, source="sim"), capacity=self.capacity,
+                      notice_s=self.trace.notice_s)
 
     def finish_write(self) -> None:
         write = self.in_flight

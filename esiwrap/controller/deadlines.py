@@ -35,6 +35,7 @@ class DeadlineBook:
         self._unavailable: dict[str, str] = {}
         self._early_warnings: dict[str, str] = {}  # source -> the early warning it gives now
         self._capacities: dict[str, CapacityKind] = {}  # source -> the capacity kind it reported
+        self._notices: dict[str, float] = {}  # source -> the notice it watches for now (spot)
         self._node_sources: set[str] = set()  # other Ray nodes' sources that answered (node:<id>/…)
 
     def take(self, answers: Iterable[Answer]) -> Iterator[tuple[Answer, AnswerNews]]:
@@ -47,6 +48,10 @@ class DeadlineBook:
     def _take_one(self, answer: Answer) -> AnswerNews:
         if answer.capacity is not None:
             self._capacities[answer.source] = answer.capacity
+        if answer.notice_s is not None:
+            self._notices[answer.source] = answer.notice_s
+        else:
+            self._notices.pop(answer.source, None)  # it cannot see a notice now (unreachable)
         if answer.source.startswith(NODE_PREFIX):
             self._node_sources.add(answer.source)
         cancelled = False
@@ -96,7 +101,17 @@ class DeadlineBook:
         kind = next((k for k in order if k in kinds.values()), None)
         source = next((s for s, k in kinds.items() if k == kind), "")
         watched = len({source.split("/", 1)[0] for source in self._node_sources})
-        return Capacity(kind, max(trainer_nodes, 1 + watched), source)
+        nodes = max(trainer_nodes, 1 + watched)
+        return Capacity(kind, nodes, source, self._notice_on_every_node(nodes))
+
+    def _notice_on_every_node(self, nodes: int) -> float | None:
+        """The warning the job can count on: the shortest of its nodes' notices (a node's is the
+        longest its sources watch for), or None unless a source watches on every node."""
+        by_node: dict[str, float] = {}
+        for source, notice in self._notices.items():
+            node = source.split("/", 1)[0] if source.startswith(NODE_PREFIX) else ""
+            by_node[node] = max(notice, by_node.get(node, notice))
+        return min(by_node.values()) if by_node and len(by_node) >= nodes else None
 
     def adopt(self, new: Deadline, now: Now, capacity: CapacityKind | None) -> tuple[bool, Deadline | None]:
         """Make `new` the ruling deadline, unless it is the same one said twice: (adopted, the old one)."""

@@ -6,9 +6,10 @@ sources that answered wins, because the first reclamation is the one that counts
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple, cast, get_args
+from typing import Any, NamedTuple, cast, get_args
 
 from esiwrap.deadline.bounds import implausible
 from esiwrap.deadline.value import CapacityKind, Deadline, Source
@@ -28,6 +29,7 @@ class Answer:
     withdrawn: bool = False  # forget what this source said (a node that left, an event cancelled)
     capacity: CapacityKind | None = None  # what the source knows of the capacity's kind
     early_warning: str = ""  # not a deadline: a risk that asks for a save now (EC2 rebalance), why
+    notice_s: float | None = None  # the source can see the cloud's notice now, this long before the end
 
 
 def ask(source: Source, now: float) -> Answer:
@@ -40,7 +42,8 @@ def ask(source: Source, now: float) -> Answer:
         deadline = source.resolve(now)
     except SourceUnavailable as exc:
         return Answer(source.name, reason=_text(exc), expected=exc.expected, withdrawn=exc.withdrawn,
-                      capacity=_capacity(source), early_warning=_early_warning(source))
+                      capacity=_capacity(source), early_warning=_early_warning(source),
+                      notice_s=_notice_s(source))
     except Exception as exc:  # a source bug must not take training down
         return Answer(source.name, reason=f"unexpected {type(exc).__name__}: {_text(exc)}",
                       early_warning=_early_warning(source))
@@ -51,7 +54,7 @@ def ask(source: Source, now: float) -> Answer:
         return Answer(source.name, reason=f"{deadline.raw!r} is not a plausible deadline: {problem}",
                       capacity=_capacity(source), early_warning=_early_warning(source))
     return Answer(source.name, deadline=deadline, capacity=deadline.capacity or _capacity(source),
-                  early_warning=_early_warning(source))
+                  early_warning=_early_warning(source), notice_s=_notice_s(source))
 
 
 CAPACITY_KINDS: frozenset[str] = frozenset(get_args(CapacityKind))
@@ -64,6 +67,24 @@ def _capacity(source: Source) -> CapacityKind | None:
     except Exception:
         return None
     return cast("CapacityKind", value) if value in CAPACITY_KINDS else None
+
+
+def _notice_s(source: Source) -> float | None:
+    """The source's `watching_notice_s` attribute if it is a valid one (a bug there must not matter)."""
+    try:
+        value = getattr(source, "watching_notice_s", None)
+    except Exception:
+        return None
+    return notice_or_none(value)
+
+
+def notice_or_none(value: Any) -> float | None:
+    """A notice in seconds, or None for anything that is not a positive finite number."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    if not math.isfinite(value) or value <= 0:
+        return None
+    return float(value)
 
 
 def _early_warning(source: Source) -> str:

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any, cast
 
 from esiwrap.deadline.bounds import implausible
-from esiwrap.deadline.chain import CAPACITY_KINDS, Answer
+from esiwrap.deadline.chain import CAPACITY_KINDS, Answer, notice_or_none
 from esiwrap.deadline.value import CapacityKind, Deadline
 
 NODE_PREFIX = "node:"
@@ -30,7 +30,8 @@ def node_source(node_id: str, source: str = "") -> str:
 def to_fields(answer: Answer) -> dict[str, Any]:
     fields: dict[str, Any] = {"source": answer.source, "reason": answer.reason,
                               "expected": answer.expected, "withdrawn": answer.withdrawn,
-                              "capacity": answer.capacity, "early_warning": answer.early_warning}
+                              "capacity": answer.capacity, "early_warning": answer.early_warning,
+                              "notice_s": answer.notice_s}
     d = answer.deadline
     if d is not None:
         fields.update(at=d.at, raw=d.raw, lead_s=d.lead_s, detail=dict(d.detail))
@@ -48,10 +49,11 @@ def from_fields(fields: Mapping[str, Any], now: float) -> Answer | None:
         return Answer(source, reason=reason, withdrawn=True)
     capacity = _capacity(fields.get("capacity"))
     warning = _text(fields.get("early_warning"))  # a node at risk (EC2 rebalance): a save for the job
+    notice = notice_or_none(fields.get("notice_s"))  # a node that does not say has no notice watched
     at = fields.get("at")
     if at is None:
         return Answer(source, reason=reason or "no answer", expected=fields.get("expected") is True,
-                      capacity=capacity, early_warning=warning)
+                      capacity=capacity, early_warning=warning, notice_s=notice)
     if implausible(at, now) is not None:
         return None
     lead = fields.get("lead_s", 0.0)
@@ -61,7 +63,7 @@ def from_fields(fields: Mapping[str, Any], now: float) -> Answer | None:
         lead_s=float(lead) if isinstance(lead, (int, float)) and math.isfinite(lead) else 0.0,
         detail={str(k): str(v)[:500] for k, v in detail.items()} if isinstance(detail, dict) else {},
     )
-    return Answer(source, deadline=deadline, capacity=capacity, early_warning=warning)
+    return Answer(source, deadline=deadline, capacity=capacity, early_warning=warning, notice_s=notice)
 
 
 def _capacity(value: Any) -> CapacityKind | None:

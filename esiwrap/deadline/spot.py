@@ -99,22 +99,32 @@ class SpotNoticeSource:
     _first_seen: float | None = field(default=None, init=False)
     _period_s: float = field(default=SPOT_POLL_S, init=False)
     _capacity_tries: int = field(default=0, init=False)
+    _watching: bool = field(default=False, init=False)  # the last poll reached the metadata service
 
     @property
     def period_s(self) -> float | None:
         return self._period_s
 
+    @property
+    def watching_notice_s(self) -> float | None:
+        """The warning this source gives while it can see a notice: the cloud's, less one poll
+        period (the notice may come just after a poll); None while the metadata is unreachable."""
+        return max(0.0, self.notice_s - self.poll_s) if self._watching else None
+
     def resolve(self, now: float) -> Deadline:
         try:
             body = self.metadata.get(self.path)
         except MetadataUnreachable as exc:
+            self._watching = False
             self._period_s = min(self.max_backoff_s, max(self.poll_s, self._period_s * 2))
             msg = f"metadata service unreachable, not on {self.metadata.dialect.where}? ({exc})"
             raise SourceUnavailable(msg, expected=True) from None
         except MetadataError as exc:
+            self._watching = False
             self._period_s = self.poll_s
             raise SourceUnavailable(f"metadata service failed: {exc}") from None
         self._period_s = self.poll_s
+        self._watching = True
         self._read_extras()
         if body is None or not body.strip():
             self._first_seen = None
