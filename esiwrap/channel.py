@@ -233,8 +233,10 @@ class ChannelClient:
 
     @property
     def pending(self) -> int:
-        """Messages refused and kept to be sent again."""
-        return len(self._kept)
+        """Messages refused and kept to be sent again. Read under the lock: a message the resend
+        timer is sending (the receiver may have it already) counts until it is off the queue."""
+        with self._lock:
+            return len(self._kept)
 
     def _keep(self, message_type: str, data: bytes) -> bool:
         if message_type in KEPT_WHEN_REFUSED and len(self._kept) < MAX_KEPT:
