@@ -61,14 +61,16 @@ SUPERVISOR_FAILED = _event(
 # ---------------------------------------------------------------------------- deadlines
 DEADLINE_RESOLVED = _event(
     "deadline_resolved", DEADLINES, "a source's first deadline",
-    "source, deadline, remaining_s, raw, lead_s (+ `volcengine`: instance_id, "
+    "source, deadline, remaining_s, raw, lead_s, capacity (its kind, when a source said), notice_s "
+    "(on capacity a source watches for a notice on every node: how long a notice is) "
+    "(+ `volcengine`: instance_id, "
     "scheduled_instance_id, region, expired_at; spot: notice, action; `slurm`: job, via "
     "(`SLURM_JOB_END_TIME` or `squeue`), restart_count after a requeue; `azure`: event_id, "
     "event_type, event_status, resources, description, event_source, duration_s, incarnation, vm; "
     "`gcp`: notice, assumed; another node's: node_id, address)")
 DEADLINE_CHANGED = _event(
     "deadline_changed", DEADLINES, "the ruling deadline moved",
-    "old, new, source, remaining_s, raw (+ the same detail as `deadline_resolved`)")
+    "old, new, source, remaining_s, raw, capacity, notice_s (+ the same detail as `deadline_resolved`)")
 DEADLINE_WITHDRAWN = _event(
     "deadline_withdrawn", DEADLINES, "what a source said no longer counts",
     "source, reason (a Ray node left the cluster, an Azure scheduled event was cancelled or is "

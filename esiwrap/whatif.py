@@ -124,7 +124,8 @@ def _trace(run: Sequence[Event], start: float, settings: Mapping[str, Any]) -> t
 
 def _knowledge(run: Sequence[Event]) -> dict[str, Any]:
     """What the run knew before its first save: the checkpoint's size (the hellos), the storage's
-    speed (the first probe that measured one), the capacity's kind (the deadline's source)."""
+    speed (the first probe that measured one), the capacity's kind (the deadline's source) and the
+    notice a source watched for."""
     known: dict[str, Any] = {}
     sizes = [float(e["checkpoint_bytes"]) for e in run if e["event"] == ev.TRAINER_ATTACHED
              and isinstance(e.get("checkpoint_bytes"), (int, float)) and e["checkpoint_bytes"] > 0]
@@ -139,6 +140,10 @@ def _knowledge(run: Sequence[Event]) -> dict[str, Any]:
         if kind in kinds:
             known["capacity"] = kind
             break
+    notices = [e["notice_s"] for e in run if e["event"] in (ev.DEADLINE_RESOLVED, ev.DEADLINE_CHANGED)
+               and isinstance(e.get("notice_s"), (int, float)) and e["notice_s"] > 0]
+    if notices:
+        known["notice_s"] = float(notices[-1])  # the notice watched when the deadline last moved
     return known
 
 

@@ -12,14 +12,15 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from controller_driver import Driver
+from controller_driver import Driver, logs
 from fakes.metadata import FakeMetadata
 from fakes.network import closed_port_url
 from hypothesis import given
 from hypothesis import strategies as st
 
 from esiwrap import controller as core
-from esiwrap.deadline import Answer, ask, remote
+from esiwrap import whatif
+from esiwrap.deadline import Answer, Deadline, ask, remote
 from esiwrap.deadline.metadata import AWS, VOLCENGINE, MetadataClient, Timeouts
 from esiwrap.deadline.spot import (
     AWS_NOTICE_S,
@@ -111,6 +112,22 @@ def test_the_notice_counts_only_while_it_is_watched_on_every_node() -> None:
     assert d.controller.capacity().notice_s == 25.0
     d.feed(core.DeadlineAnswers((spot_answer("aws-spot", None),)))  # its metadata went away
     assert d.controller.capacity().notice_s is None
+
+
+def test_the_deadline_events_say_which_notice_was_watched_and_the_what_if_replays_with_it() -> None:
+    """deadline_resolved carries notice_s when a notice is watched (not otherwise), and `esiwrap
+    report --what-if` reads it back into the trace it replays, as it does the capacity."""
+    d = Driver()
+    end = Deadline(at=d.wall + 8 * 3600.0, source="cli")
+    out = d.feed(core.DeadlineAnswers((spot_answer("aws-spot", 115.0), Answer("cli", deadline=end))))
+    (resolved,) = logs(out, "deadline_resolved")
+    assert resolved["capacity"] == "spot" and resolved["notice_s"] == 115.0
+    known = whatif._knowledge([{"event": "deadline_resolved", **resolved}])
+    assert known["capacity"] == "spot" and known["notice_s"] == 115.0
+    plain = Driver()
+    (unwatched,) = logs(plain.deadline(3600.0), "deadline_resolved")
+    assert "notice_s" not in unwatched
+    assert "notice_s" not in whatif._knowledge([{"event": "deadline_resolved", **unwatched}])
 
 
 # ------------------------------------------------------------------ the policy

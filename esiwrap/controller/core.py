@@ -525,7 +525,7 @@ class Controller:
         return None
 
     def _set_deadline(self, new: Deadline, now: Now) -> None:
-        adopted, old = self.book.adopt(new, now, self.obs.capacity.kind)
+        adopted, old = self.book.adopt(new, now, self.obs.capacity)
         if not adopted:
             return
         later = old is None or new.at > old.at

@@ -113,20 +113,22 @@ class DeadlineBook:
             by_node[node] = max(notice, by_node.get(node, notice))
         return min(by_node.values()) if by_node and len(by_node) >= nodes else None
 
-    def adopt(self, new: Deadline, now: Now, capacity: CapacityKind | None) -> tuple[bool, Deadline | None]:
+    def adopt(self, new: Deadline, now: Now, capacity: Capacity) -> tuple[bool, Deadline | None]:
         """Make `new` the ruling deadline, unless it is the same one said twice: (adopted, the old one)."""
         old = self.deadline
         if old is not None and abs(old.at - new.at) < DEADLINE_CHANGE_S:
             return False, old
         self.deadline = new
+        # the notice watched, when one is: `esiwrap report --what-if` replays the run with it
+        notice = {} if capacity.notice_s is None else {"notice_s": capacity.notice_s}
         if old is None:
             self._out.log("info", ev.DEADLINE_RESOLVED, source=new.source, deadline=new.iso(),
                           remaining_s=rounded(new.at - now.wall), raw=new.raw, lead_s=new.lead_s,
-                          capacity=capacity, **new.detail)
+                          capacity=capacity.kind, **notice, **new.detail)
         else:
             self._out.log("warning", ev.DEADLINE_CHANGED, old=old.iso(), new=new.iso(), source=new.source,
-                          remaining_s=rounded(new.at - now.wall), raw=new.raw, capacity=capacity,
-                          **new.detail)
+                          remaining_s=rounded(new.at - now.wall), raw=new.raw, capacity=capacity.kind,
+                          **notice, **new.detail)
         return True, old
 
     def forget(self) -> None:
