@@ -37,7 +37,6 @@ from esiwrap.policy import (
     Observations,
     PolicyConfig,
     interruption_rate,
-    next_save,
     periodic_interval_s,
     unwarned_share,
 )
@@ -46,8 +45,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
 from runners import run_esiwrap
 from traces import Params, generate
-
-DEADLINE = 100_000.0
 
 
 def spot_job(step_s: float, save_s: float | None, notice_s: float | None) -> Observations:
@@ -158,9 +155,11 @@ def test_a_notice_shorter_than_the_save_is_no_warning() -> None:
 def test_an_unmeasured_save_never_talks_the_cadence_down() -> None:
     """Before a save is measured, the share uses the insurance save's cautious estimate (the
     guess x --unmeasured-factor), not the bare guess: with a 115 s notice that is no warning."""
-    assert unwarned_share(spot_job(60.0, None, 115.0), PolicyConfig()) == 1.0
-    plan = next_save(DEADLINE, spot_job(60.0, None, 115.0), PolicyConfig(), 0, now=400.0)
-    assert plan is not None
+    watched, blind = spot_job(60.0, None, 115.0), spot_job(60.0, None, None)
+    assert unwarned_share(watched, PolicyConfig()) == 1.0
+    assert interruption_rate(watched, PolicyConfig())[0] == pytest.approx(SPOT_RATE_PER_DAY)
+    interval = periodic_interval_s(watched, PolicyConfig())
+    assert interval is not None and interval == periodic_interval_s(blind, PolicyConfig())
 
 
 def test_reserved_capacity_is_not_touched_by_a_spot_sources_notice() -> None:
