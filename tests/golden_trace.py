@@ -1,28 +1,37 @@
-"""The decision core's golden trace: every (input, now, actions) it saw, written out in order.
+"""The decision core's golden trace: every call it answered, in production's order, written out.
 
-A refactor of `esiwrap.controller` must not change one decision. This drives the real controller
-through the simulator's seeded traces (every family, at 1 h and 8 h, with the default policy and with
-`--after-save linger`, `--after-save continue` and `--no-final-save`) and through seeded random input
-sequences like those of the property tests (`test_controller_properties.py`), and writes each call
-as one line: `handle`/`tick`/`finish`, the time, the input, and the actions (`repr`, so every field,
-log fields included, in its order). Sections are digested apart (`tests/golden/controller.sha256`):
-`tests/test_golden_trace.py` fails when one changes and names it.
+A refactor of the decision core must not change one decision. This drives the real controller
+the way the supervisor does (every waiting input, then the due timers, once) through the
+simulator's seeded traces (every family, at 1 h and 8 h, with the default policy and with
+`--after-save linger`, `--after-save continue` and `--no-final-save`) and through seeded random
+input sequences like those of the property tests (`test_controller_properties.py`). Each call is
+written twice, apart:
 
-    python tests/golden_trace.py --write trace.txt      # the whole text (to diff two commits)
-    python tests/golden_trace.py --digests              # what the test compares
-    python tests/golden_trace.py --update               # rewrite the digests after a decision change
+    decisions   `H`/`T`/`F` (an input handled, the timers fired, the shell leaving), the time, the
+                input, and the actions that are not log lines (`repr`: every field); after each
+                call of a random section, the snapshot (`S`)
+    logs        the same call's log lines, each field in its order
 
-A deliberate change of a decision (a policy change) rewrites the digests in the same commit.
+The golden copies are `tests/golden/decisions.txt.xz` and `tests/golden/logs.txt.xz`;
+`tests/test_golden_trace.py` compares each section and names the first call that differs, with
+its golden and its new line.
+
+    python tests/golden_trace.py --write DIR     # the two traces as text (to diff two commits)
+    python tests/golden_trace.py --diff          # the first difference of each changed section
+    python tests/golden_trace.py --update        # rewrite the golden copies after a decision change
+
+A deliberate change of a decision (a policy change) rewrites the golden copies in the same commit.
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
+import lzma
 import os
 import random
 import sys
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
@@ -39,16 +48,25 @@ from esiwrap.controller import Controller, ControllerConfig, Now  # noqa: E402
 from esiwrap.options import RUN_OPTIONS, build_run_parser, controller_config, resolve_options  # noqa: E402
 from esiwrap.policy import PolicyConfig  # noqa: E402
 
-DIGESTS = HERE / "golden" / "controller.sha256"
+GOLDEN = HERE / "golden"
+KINDS = ("decisions", "logs")
 CONFIGS = ("", "--after-save linger", "--after-save continue", "--no-final-save")
 HORIZONS = {"1h": (3600.0, 3), "8h": (28_800.0, 1)}  # horizon: (seconds, runs per family)
 RANDOM_SEQUENCES = 400
 
 
-class Recorder:
-    """Where the recording controller writes: the lines of the section being traced."""
+@dataclass
+class Trace:
+    """One section's calls: each as its decisions line and its logs line (same index)."""
 
-    lines: ClassVar[list[str]] = []
+    decisions: list[str]
+    logs: list[str]
+
+
+class Recorder:
+    """Where the recording controller writes: the section being traced."""
+
+    trace: ClassVar[Trace] = Trace([], [])
     snapshots = False  # also write what `snapshot` says after each call
 
 
@@ -58,29 +76,60 @@ def show(actions: list[core.Action]) -> str:
     return "[" + ", ".join(shown) + "]"
 
 
+def record(call: str, actions: list[core.Action]) -> None:
+    logs = [a for a in actions if isinstance(a, core.Log)]
+    Recorder.trace.decisions.append(f"{call} -> {show([a for a in actions if not isinstance(a, core.Log)])}")
+    Recorder.trace.logs.append(show(list(logs)))
+
+
 class RecordingController(Controller):
-    """The real controller; each call also writes a line."""
+    """The real controller; each call also writes its lines."""
 
     def handle(self, input_: core.Input, now: Now, *, fire_timers: bool = True) -> list[core.Action]:
         actions = super().handle(input_, now, fire_timers=fire_timers)
-        Recorder.lines.append(f"H {now!r} {input_!r} -> {show(actions)}")
+        record(f"H {now!r} {input_!r}", actions)
         self._snapshot(now)
         return actions
 
     def tick(self, now: Now, late_s: float | None = None) -> list[core.Action]:
         actions = super().tick(now, late_s)
-        Recorder.lines.append(f"T {now!r} {late_s!r} -> {show(actions)}")
+        record(f"T {now!r} {late_s!r}", actions)
         self._snapshot(now)
         return actions
 
     def _snapshot(self, now: Now) -> None:
         if Recorder.snapshots:
-            Recorder.lines.append(f"S {self.snapshot(now, 'golden', 1).to_json()}")
+            Recorder.trace.decisions.append(f"S {self.snapshot(now, 'golden', 1).to_json()}")
+            Recorder.trace.logs.append("S")
 
     def finish(self, now: Now) -> list[core.Action]:
         actions = super().finish(now)
-        Recorder.lines.append(f"F {now!r} -> {show(actions)}")
+        record(f"F {now!r}", actions)
         return actions
+
+
+class ProductionShell(replay_module._Shell):
+    """The simulator's shell in production's order: an input and what follows from its actions
+    are applied, then the timers that fell due fire once."""
+
+    def feed(self, input_: core.Input) -> None:
+        now = Now(self.now, self.now)
+        queue = [input_]
+        while queue:
+            queue.extend(self._apply(self.controller.handle(queue.pop(0), now, fire_timers=False)))
+        queue = self._apply(self.controller.tick(now))
+        while queue:
+            queue.extend(self._apply(self.controller.handle(queue.pop(0), now, fire_timers=False)))
+
+
+class ProductionDriver(Driver):
+    """The tests' driver in production's order: each input is one wake-up of the loop."""
+
+    def feed(self, input_: core.Input) -> list[core.Action]:
+        out = self.controller.handle(input_, self.now, fire_timers=False)
+        out += self.controller.tick(self.now)
+        self.actions += out
+        return out
 
 
 def _config(flags: str) -> ControllerConfig:
@@ -109,7 +158,7 @@ def random_sequence(seed: int) -> None:
         signal_child=rng.random() < 0.3, after_save=rng.choice(["stop", "linger", "continue"]),
         on_sigterm=rng.choice(["checkpoint", "forward"]), stop_grace_s=rng.choice([5.0, 30.0]),
     )
-    driver = Driver(config)
+    driver = ProductionDriver(config)
     pids = [CHILD, 5001, 5002, 7777]
     child_gone = False
     for _ in range(60):
@@ -153,62 +202,114 @@ def sections() -> Iterator[tuple[str, Callable[[], None]]]:
         yield f"random #{seed}", lambda seed=seed: random_sequence(seed)
 
 
-def traced() -> Iterator[tuple[str, list[str]]]:
-    """Each section's name and its lines, the recording controller standing in for the real one."""
+def traced() -> Iterator[tuple[str, Trace]]:
+    """Each section's name and its trace, the recording controller standing in for the real one."""
     import controller_driver
 
-    saved = replay_module.Controller, controller_driver.Controller
+    saved = replay_module.Controller, controller_driver.Controller, replay_module._Shell
     replay_module.Controller = controller_driver.Controller = RecordingController  # type: ignore[misc]
+    replay_module._Shell = ProductionShell  # type: ignore[misc]
     try:
         for name, run in sections():
-            Recorder.lines, Recorder.snapshots = [], name.startswith("random")
+            Recorder.trace, Recorder.snapshots = Trace([], []), name.startswith("random")
             run()
-            yield name, Recorder.lines
+            yield name, Recorder.trace
     finally:
-        replay_module.Controller, controller_driver.Controller = saved  # type: ignore[misc]
+        replay_module.Controller, controller_driver.Controller, replay_module._Shell = saved  # type: ignore[misc]
 
 
-def digests() -> dict[str, str]:
-    return {name: hashlib.sha256("\n".join(lines).encode()).hexdigest() for name, lines in traced()}
+# ---------------------------------------------------------------------------------- the golden copies
+def render(traces: Iterator[tuple[str, Trace]]) -> dict[str, str]:
+    """Both traces as text: a `### section` line, then one line per call."""
+    out: dict[str, list[str]] = {kind: [] for kind in KINDS}
+    for name, trace in traces:
+        for kind in KINDS:
+            out[kind].append(f"### {name}")
+            out[kind].extend(getattr(trace, kind))
+    return {kind: "\n".join(lines) + "\n" for kind, lines in out.items()}
 
 
-def format_digests(found: dict[str, str]) -> str:
-    return "".join(f"{digest}  {name}\n" for name, digest in found.items())
+def parse(text: str) -> dict[str, list[str]]:
+    """Each section's lines, by name."""
+    found: dict[str, list[str]] = {}
+    current: list[str] = []
+    for line in text.splitlines():
+        if line.startswith("### "):
+            current = found.setdefault(line[4:], [])
+        else:
+            current.append(line)
+    return found
 
 
-def read_digests(path: Path = DIGESTS) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for line in path.read_text().splitlines():
-        digest, name = line.split("  ", 1)
-        out[name] = digest
+def read_golden(kind: str) -> str:
+    return lzma.decompress((GOLDEN / f"{kind}.txt.xz").read_bytes()).decode()
+
+
+def write_golden(texts: dict[str, str]) -> None:
+    GOLDEN.mkdir(exist_ok=True)
+    for kind, text in texts.items():
+        (GOLDEN / f"{kind}.txt.xz").write_bytes(lzma.compress(text.encode(), preset=9 | lzma.PRESET_EXTREME))
+
+
+@dataclass(frozen=True)
+class Difference:
+    kind: str  # decisions or logs
+    section: str
+    call: int  # 0-based: the first line that differs
+    golden: str | None  # None: the section had no such line
+    found: str | None
+
+    def __str__(self) -> str:
+        return (f"{self.kind}: section {self.section!r}, call {self.call}:\n"
+                f"  golden: {_cut(self.golden)}\n  now:    {_cut(self.found)}")
+
+
+def _cut(line: str | None, width: int = 600) -> str:
+    if line is None:
+        return "(no such call)"
+    return line if len(line) <= width else line[:width] + " …"
+
+
+def differences(golden: dict[str, str], found: dict[str, str]) -> list[Difference]:
+    """The first differing call of every section that differs, decisions before logs."""
+    out: list[Difference] = []
+    for kind in KINDS:
+        old, new = parse(golden[kind]), parse(found[kind])
+        for section in [*old, *(s for s in new if s not in old)]:
+            a, b = old.get(section), new.get(section)
+            if a == b:
+                continue
+            a, b = a or [], b or []
+            call = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y),
+                        min(len(a), len(b)))
+            out.append(Difference(kind, section, call, a[call] if call < len(a) else None,
+                                  b[call] if call < len(b) else None))
     return out
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     mode = parser.add_mutually_exclusive_group(required=True)
-    mode.add_argument("--write", metavar="PATH", help="the whole trace, every section's lines")
-    mode.add_argument("--digests", action="store_true", help="print each section's digest")
-    mode.add_argument("--update", action="store_true", help=f"rewrite {DIGESTS.relative_to(HERE.parent)}")
+    mode.add_argument("--write", metavar="DIR", help="the traces as text: DIR/decisions.txt, DIR/logs.txt")
+    mode.add_argument("--diff", action="store_true", help="the first difference of each changed section")
+    mode.add_argument("--update", action="store_true", help=f"rewrite {GOLDEN.relative_to(HERE.parent)}/")
     ns = parser.parse_args(argv)
     if os.environ.get("PYTHONHASHSEED") != "0":
         print("golden_trace: run with PYTHONHASHSEED=0 (set iteration order)", file=sys.stderr)
         return 2
+    texts = render(traced())
     if ns.write:
-        with open(ns.write, "w") as out:
-            for name, lines in traced():
-                out.write(f"### {name}\n")
-                out.writelines(line + "\n" for line in lines)
-        return 0
-    text = format_digests(digests())
-    if ns.update:
-        DIGESTS.parent.mkdir(exist_ok=True)
-        DIGESTS.write_text(text)
+        Path(ns.write).mkdir(parents=True, exist_ok=True)
+        for kind, text in texts.items():
+            (Path(ns.write) / f"{kind}.txt").write_text(text)
+    elif ns.update:
+        write_golden(texts)
     else:
-        sys.stdout.write(text)
+        found = differences({kind: read_golden(kind) for kind in KINDS}, texts)
+        print("\n".join(str(d) for d in found) or "no difference")
+        return 1 if found else 0
     return 0
 
 
 if __name__ == "__main__":
     sys.exit(main())
-
