@@ -4,7 +4,7 @@ A job is what a user really runs on capacity that is taken away: run after run, 
 from the last durable checkpoint, each one starting from the state file the runs before it left
 (their measured steps and saves, and their history: exposure and how each ended). The pools'
 true interruption rates differ from esiwrap's defaults, so the question is how fast esiwrap learns
-the job's own rate from its history (`esiwrap.history`), run by run, against the reference policy
+the job's own rate from its history (`esiwrap.core.history`), run by run, against the reference policy
 that knows the true rate from the start:
 
     calm-spot     a calm spot pool: 0.05 interruptions a day (esiwrap's default for spot: 8)
@@ -31,10 +31,10 @@ from dataclasses import dataclass, replace
 
 from traces import NOMINAL_BPS, Params, Scenario, constant
 
-from esiwrap import history
-from esiwrap.deadline.value import CapacityKind
-from esiwrap.history import RunRecord
-from esiwrap.replay import Outcome
+from esiwrap.core import history
+from esiwrap.core.history import RunRecord
+from esiwrap.core.values import CapacityKind
+from esiwrap.tools.replay import Outcome
 
 RESTART_GAP_S = 300.0
 STORM_RATE, LULL_RATE = 40.0, 5.0  # a day: the stormy pool's two states (mean 15 a day)

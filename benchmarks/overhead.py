@@ -37,11 +37,11 @@ from typing import Any
 
 import psutil
 
+from esiwrap.core.policy import quantile
 from esiwrap.envvars import PREFIX, SOCKET_ENV
-from esiwrap.policy import quantile
 
 HEAVY_MODULES = ("torch", "verl", "ray", "transformers", "numpy", "volcenginesdkcore", "volcenginesdkecs")
-IMPORT_TARGETS = ("esiwrap", "esiwrap.cli", "esiwrap.trainer", "esiwrap.supervisor")
+IMPORT_TARGETS = ("esiwrap", "esiwrap.cli", "esiwrap.trainer", "esiwrap.shell.supervisor")
 PIN_ENV = "OVERHEAD_PIN_CPU"  # the trainer child pins itself to this core
 
 
@@ -56,7 +56,7 @@ def child_env() -> dict[str, str]:
 
 def warm_up(python: str) -> None:
     """Write the bytecode caches and page the files in before anything is timed."""
-    code = "import esiwrap.cli, esiwrap.log, esiwrap.supervisor, esiwrap.trainer"
+    code = "import esiwrap.cli, esiwrap.shell.log, esiwrap.shell.supervisor, esiwrap.trainer"
     subprocess.run([python, "-c", code], env=child_env(), check=True)
     subprocess.run([*esiwrap_command(python), "--sources", "cli,env", "--", "true"], env=child_env(),
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
@@ -179,7 +179,7 @@ def wrap_overhead(repeat: int) -> dict[str, Any]:
 
 def _log_span_s(log: str, first: str, last: str) -> float:
     """Seconds between two events of a JSON-lines log (timestamps have millisecond resolution)."""
-    from esiwrap.deadline.value import iso_epoch
+    from esiwrap.times import iso_epoch
 
     stamps: dict[str, float] = {}
     for line in log.splitlines():

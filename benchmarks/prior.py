@@ -3,13 +3,13 @@
     python benchmarks/prior.py                       # ~3 GB state, 3 rounds, in a temp dir on /work
     python benchmarks/prior.py --params 500e6 --rounds 2 --dir /mnt/nvme/tmp --json prior.json
 
-For each round: esiwrap's storage probe of the directory (`esiwrap.storage.probe_bandwidth`: what
+For each round: esiwrap's storage probe of the directory (`esiwrap.shell.storage_probe.probe_bandwidth`: what
 it wrote, how long it took), the checkpoint's size as `esiwrap.trainer.checkpoint_bytes` counts
 it, the prior (size / probed bandwidth), and the real saves: `torch.save` alone (what most
 trainers do: the data may still be in the page cache), `torch.save` + fsync (durable), and
 `torch.distributed.checkpoint.save` + fsync of every file (DCP, the sharded format). The ratio
 real / prior is the prior's error; `--json` keeps every figure. The previous-checkpoint
-measurement (`esiwrap.storage.measure_checkpoint`, from the files' modification times) is checked
+measurement (`esiwrap.shell.storage_probe.measure_checkpoint`, from the files' modification times) is checked
 against the DCP save's real duration too.
 """
 
@@ -28,7 +28,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from esiwrap.storage import measure_checkpoint, probe_bandwidth
+from esiwrap.shell.storage_probe import measure_checkpoint, probe_bandwidth
 from esiwrap.trainer import checkpoint_bytes
 
 

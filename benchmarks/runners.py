@@ -1,7 +1,7 @@
 """Policies played against a `Scenario`, each evaluated where it really runs.
 
-* `run_esiwrap` is `esiwrap.replay.replay`: it drives esiwrap's own decision core
-  (`esiwrap.controller.Controller`, which plans with `esiwrap.policy`) with the inputs the
+* `run_esiwrap` is `esiwrap.tools.replay.replay`: it drives esiwrap's own decision core
+  (`esiwrap.core.controller.Controller`, which plans with `esiwrap.core.policy`) with the inputs the
   supervisor would feed it, on a simulated clock: a step report at each boundary (boundary-to-
   boundary time), save begin/snapshot/end around a save, a deadline change when it is announced,
   and a wake-up at every timer the controller asks for. A save signal is taken to arrive at once
@@ -26,7 +26,7 @@ With uploads (the `upload` families), a checkpoint counts only once its upload e
 reclamation. The oracle saves at the last boundary whose save and upload both end in time; the
 reference's last save is the last one whose save and upload are durable `reserve_s` before the
 deadline; verl, which knows nothing of uploads, has each of its checkpoints uploaded after it, one
-at a time and the newest waiting one next (`esiwrap.replay.UploadLine`), as a user's script beside
+at a time and the newest waiting one next (`esiwrap.tools.replay.UploadLine`), as a user's script beside
 it would (so do the reference's checkpoints).
 
 The trainer is the same for all of them: it saves at a boundary when asked (or on its own every
@@ -43,9 +43,9 @@ import math
 
 from traces import Scenario
 
-from esiwrap.controller import ControllerConfig
-from esiwrap.policy import PolicyConfig
-from esiwrap.replay import Outcome, Tally, UploadLine, Write, replay
+from esiwrap.core.controller import ControllerConfig
+from esiwrap.core.policy import PolicyConfig
+from esiwrap.tools.replay import Outcome, Tally, UploadLine, Write, replay
 
 VERL_SAVE_S = 60.0  # should_save_ckpt_esi's save_ckpt_duration default; verl never passes another
 
@@ -191,5 +191,5 @@ def _last_boundary_that_fits(scenario: Scenario, step: int, now: float, durable_
 
 # ---------------------------------------------------------------------------------- esiwrap
 def run_esiwrap(scenario: Scenario, config: PolicyConfig | ControllerConfig) -> Outcome:
-    """esiwrap's own decision core, replayed over the scenario (`esiwrap.replay`)."""
+    """esiwrap's own decision core, replayed over the scenario (`esiwrap.tools.replay`)."""
     return replay(scenario, config)

@@ -5,7 +5,7 @@
     python benchmarks/simulate.py --policy oracle --policy 'esiwrap --save-duration 360'
 
 Policies are named like the command that runs them: `esiwrap [RUN OPTIONS]` takes esiwrap's own
-flags (parsed by `esiwrap.options` into the controller's configuration, as the supervisor's), `verl
+flags (parsed by `esiwrap.cli.options` into the controller's configuration, as the supervisor's), `verl
 [--esi-redundant-time S]` is verl's rule, `oracle` knows the future, `reference` knows the true
 rate of surprise interruptions and every duration. The trace families and the policies' models
 are described in `traces.py` and `runners.py`; what the figures mean is in BENCHMARKS.md.
@@ -37,9 +37,10 @@ from jobs import JOB_FAMILIES, play_job
 from runners import Outcome, run_esiwrap, run_oracle, run_reference, run_verl
 from traces import FAMILIES, SURPRISE_FAMILIES, Params, Scenario, generate
 
+from esiwrap.cli.options import RUN_OPTIONS, build_run_parser, controller_config
+from esiwrap.core.policy import quantile
 from esiwrap.errors import UsageError
-from esiwrap.options import RUN_OPTIONS, build_run_parser, controller_config, resolve_options
-from esiwrap.policy import quantile
+from esiwrap.optiontypes import resolve_options
 
 DEFAULT_POLICIES = (  # esiwrap with other settings: --policy 'esiwrap --no-final-save' and so on
     "verl",

@@ -73,10 +73,10 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, NoReturn
 
-from esiwrap.deadline.value import iso_epoch
+from esiwrap.core.policy import quantile
 from esiwrap.envvars import PREFIX
 from esiwrap.errors import EXIT_SAVE_MISSED
-from esiwrap.policy import quantile
+from esiwrap.times import iso_epoch
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY_TRAINER = ROOT / "examples" / "tiny_trainer.py"

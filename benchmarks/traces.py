@@ -63,8 +63,8 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from esiwrap.deadline.value import CapacityKind
-from esiwrap.replay import DeadlineChange, Trace
+from esiwrap.core.values import CapacityKind
+from esiwrap.tools.replay import DeadlineChange, Trace
 
 
 @dataclass(frozen=True)
@@ -93,7 +93,7 @@ class Params:
     upload_factor: tuple[float, float] = (3.0, 6.0)
 
 
-Scenario = Trace  # one run of a family: `esiwrap.replay.Trace`
+Scenario = Trace  # one run of a family: `esiwrap.tools.replay.Trace`
 NOMINAL_BPS = 1e9  # the storage's real speed; only the ratio to the probe matters
 WEEK_NODES, DAY_NODES = 32, 256  # reserved jobs that see about one node failure a week, a day
 

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from esiwrap import early
+from esiwrap.shell import early
 
 early.catch()  # before the imports below: signal-ready at once (see esiwrap._console)
 

@@ -1,6 +1,6 @@
 """The `esiwrap` executable: `esiwrap.cli.main`, started and ended light.
 
-Start: the signals first (`esiwrap.early.catch`), before anything else is imported: from then on
+Start: the signals first (`esiwrap.shell.early.catch`), before anything else is imported: from then on
 a signal does not kill a starting supervisor, it waits in a pipe for the loop (a subcommand gives
 them back: `esiwrap report` stops on Ctrl-C as any program does). Then the garbage collector is
 off while the modules load. They make tens of thousands of objects that live as long as the
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
 
 def console() -> NoReturn:
-    from esiwrap import early
+    from esiwrap.shell import early
 
     early.catch()
     gc.disable()
@@ -52,7 +52,7 @@ def _exit_code(code: object) -> int:
 def _flush() -> None:
     import contextlib
 
-    from esiwrap import log
+    from esiwrap.shell import log
 
     log.flush()  # the supervisor's lines still queued for a slow reader, bounded
     for stream in (sys.stdout, sys.stderr):

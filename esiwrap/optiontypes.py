@@ -3,23 +3,27 @@
 An `Option` is one flag of `esiwrap [OPTIONS] -- COMMAND`: its environment variable
 (`ESIWRAP_<NAME>`), default, example, its one-line help and longer description, the section it is
 listed in, and the parser that turns the text into a value. A parser raises `ValueError` with the
-reason (`esiwrap.options.resolve_options` turns it into one line naming the input and an example).
+reason (`esiwrap.optiontypes.resolve_options` turns it into one line naming the input and an example).
 The sections are `--help`'s groups and the headings of the options reference
 (`docs/reference/options.md`, written by `scripts/gen_reference.py` from these fields).
 
-Deadline sources declare their own options with these (`esiwrap.deadline.registry`), so this
+Deadline sources declare their own options with these (`esiwrap.sources.registry`), so this
 module imports nothing of esiwrap's but the names and the duration parser: any module may import it.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from esiwrap.deadline.parse import TimeParseError, parse_duration
 from esiwrap.envvars import PREFIX
+from esiwrap.errors import UsageError
+
+if TYPE_CHECKING:
+    import argparse
+from esiwrap.times import TimeParseError, parse_duration
 
 
 @dataclass(frozen=True)
@@ -182,3 +186,39 @@ def file_in_existing_dir(text: str, *, name_a_file: str = "give a file path",
         msg = f"directory {directory} does not exist; {create}"
         raise ValueError(msg)
     return path
+
+
+# ---------------------------------------------------------------------------------- resolution
+def resolve_options(
+    ns: argparse.Namespace, options: Sequence[Option], environ: Mapping[str, str]
+) -> dict[str, Any]:
+    """Flag, else ESIWRAP_<NAME>, else default, by `Option.dest`; each parsed, a bad one raising
+    `UsageError` with the line to show (`esiwrap.cli` exits 2 with it; a Ray node's watch
+    reports it)."""
+    values: dict[str, Any] = {}
+    for opt in options:
+        raw = getattr(ns, opt.dest, None)
+        label = opt.flag
+        if raw is None and environ.get(opt.env, "").strip():
+            raw, label = environ[opt.env], opt.env
+        if raw is None:
+            values[opt.dest] = opt.default
+            continue
+        try:
+            values[opt.dest] = opt.parse(raw)
+        except (ValueError, KeyError) as exc:
+            reason = _reason(exc)
+            shown = "e.g." in reason or opt.example.split()[0] in reason
+            example = "" if shown else f"; e.g. {opt.flag} {opt.example}"
+            msg = f"{label} {raw!r}: {reason}{example}"
+            raise UsageError(msg) from None
+    return values
+
+
+def _reason(exc: BaseException) -> str:
+    text = str(exc)
+    if "invalid literal" in text or "could not convert" in text:
+        return "not a number"
+    if isinstance(exc, KeyError):
+        return "unknown name"
+    return text or type(exc).__name__

@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
 """Write the generated parts of the documentation's reference pages from the code:
 
-    docs/reference/options.md      the run options (esiwrap/options.py, optiontypes.SECTIONS and
-                                   each deadline source's OPTIONS under esiwrap/deadline/)
+    docs/reference/options.md      the run options (esiwrap/cli/options.py, optiontypes.SECTIONS and
+                                   each deadline source's OPTIONS under esiwrap/sources/)
     docs/reference/environment.md  every ESIWRAP_<NAME> of an option, and esiwrap/envvars.py's own
     docs/reference/events.md       the log events (esiwrap/events.py)
     docs/design.md                 the mode diagram, drawn from the decision core's one transition
-                                   table (esiwrap/controller/modes.py), as h11 draws its states
+                                   table (esiwrap/core/controller/modes.py), as h11 draws its states
 
 Each page keeps its hand-written prose; only the text between its `<!-- BEGIN generated: NAME -->`
 and `<!-- END generated: NAME -->` markers is replaced. tests/test_reference_docs.py fails when a
@@ -26,8 +26,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from esiwrap import envvars, events
-from esiwrap.controller.modes import TRANSITIONS, Mode
-from esiwrap.options import ALL_RUN_OPTIONS, BOOLEAN_FLAGS, QUIET_NEGATIVES
+from esiwrap.cli.options import ALL_RUN_OPTIONS, BOOLEAN_FLAGS, QUIET_NEGATIVES
+from esiwrap.core.controller.modes import TRANSITIONS, Mode
 from esiwrap.optiontypes import SECTIONS, Option
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -13,12 +13,12 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from esiwrap import log
-from esiwrap.controller import ControllerConfig
-from esiwrap.deadline import Deadline
+from esiwrap.core.controller import ControllerConfig
+from esiwrap.core.policy import PolicyConfig
+from esiwrap.core.values import Deadline
 from esiwrap.errors import SourceUnavailable
-from esiwrap.policy import PolicyConfig
-from esiwrap.supervisor import Supervisor, SupervisorConfig
+from esiwrap.shell import log
+from esiwrap.shell.supervisor import Supervisor, SupervisorConfig
 
 
 @dataclass

@@ -1,13 +1,13 @@
-"""Drive `esiwrap.controller.Controller` by hand in tests: a fake clock, inputs in, actions kept."""
+"""Drive `esiwrap.core.controller.Controller` by hand in tests: a fake clock, inputs in, actions kept."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from typing import Any
 
-from esiwrap import controller as core
-from esiwrap.controller import Controller, ControllerConfig, Now
-from esiwrap.deadline import Answer, Deadline
+from esiwrap.core import controller as core
+from esiwrap.core.controller import Controller, ControllerConfig, Now
+from esiwrap.core.values import Answer, Deadline
 
 T0 = 1_800_000_000.0  # a wall clock in 2027
 CHILD = 4242

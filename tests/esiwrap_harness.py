@@ -17,7 +17,7 @@ from typing import Any
 
 import psutil
 
-from esiwrap.deadline.value import iso_epoch
+from esiwrap.times import iso_epoch
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"

@@ -42,11 +42,12 @@ sys.path.insert(0, str(HERE))
 from controller_driver import CHILD, Driver  # noqa: E402
 from traces import FAMILIES, Params, generate  # noqa: E402
 
-from esiwrap import controller as core  # noqa: E402
-from esiwrap import replay as replay_module  # noqa: E402
-from esiwrap.controller import Controller, ControllerConfig, Now  # noqa: E402
-from esiwrap.options import RUN_OPTIONS, build_run_parser, controller_config, resolve_options  # noqa: E402
-from esiwrap.policy import PolicyConfig  # noqa: E402
+from esiwrap.cli.options import RUN_OPTIONS, build_run_parser, controller_config  # noqa: E402
+from esiwrap.core import controller as core  # noqa: E402
+from esiwrap.core.controller import Controller, ControllerConfig, Now  # noqa: E402
+from esiwrap.core.policy import PolicyConfig  # noqa: E402
+from esiwrap.optiontypes import resolve_options  # noqa: E402
+from esiwrap.tools import replay as replay_module  # noqa: E402
 
 GOLDEN = HERE / "golden"
 KINDS = ("decisions", "logs")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import MISSING, fields
 from typing import Any
 
-from esiwrap.snapshot import Snapshot
+from esiwrap.core.snapshot import Snapshot
 
 
 def snapshot(time: float, phase: str = "running", **given: Any) -> Snapshot:

@@ -14,11 +14,11 @@ from fakes.azure import EVENTS_PATH, FakeAzureMetadata
 from fakes.metadata import FakeMetadata
 from fakes.network import Silent, closed_port_url
 
-from esiwrap.deadline import ask
-from esiwrap.deadline.azure_events import AzureSource
-from esiwrap.deadline.metadata import AZURE, VOLCENGINE, MetadataClient, Timeouts
-from esiwrap.deadline.spot import VOLCENGINE_SPOT_PATH, volcengine_spot
-from esiwrap.watcher import DeadlineWatcher
+from esiwrap.sources.azure_events import AzureSource
+from esiwrap.sources.chain import ask
+from esiwrap.sources.metadata import AZURE, VOLCENGINE, MetadataClient, Timeouts
+from esiwrap.sources.spot import VOLCENGINE_SPOT_PATH, volcengine_spot
+from esiwrap.sources.watcher import DeadlineWatcher
 
 
 def azure(fake: FakeAzureMetadata | str, ack: bool = False, **kwargs: float) -> AzureSource:

@@ -172,6 +172,8 @@ def test_esiwrap_catches_its_signals_before_it_loads_the_rest(tmp_path: Path) ->
     handled = sum(1 << (s - 1) for s in HANDLED)
     order = [line.split() for line in seen.read_text().splitlines()]
     before = [name for name, mask in order if int(mask, 16) & handled != handled]
-    assert {"esiwrap.cli", "esiwrap.supervisor", "esiwrap.controller"} <= {name for name, _ in order}
-    assert set(before) <= {"esiwrap", "esiwrap._console", "esiwrap.early", "esiwrap.signals",
+    assert {"esiwrap.cli", "esiwrap.shell.supervisor", "esiwrap.core.controller"} <= {
+        name for name, _ in order}
+    assert set(before) <= {"esiwrap", "esiwrap._console", "esiwrap.shell", "esiwrap.shell.early",
+                           "esiwrap.signals",
                            "esiwrap.envvars"}, before

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import selectors
 
-from esiwrap import messages
-from esiwrap.channel import ChannelClient, ChannelServer
+from esiwrap.trainer import wire as messages
+from esiwrap.trainer.channel import ChannelClient, ChannelServer
 
 
 def fill(client: ChannelClient) -> int:

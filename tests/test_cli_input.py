@@ -12,8 +12,8 @@ import pytest
 from esiwrap_harness import PYTHON
 
 from esiwrap.cli import split_run_argv
+from esiwrap.cli.options import ALL_RUN_OPTIONS, BOOLEAN_FLAGS
 from esiwrap.errors import EXIT_NOT_FOUND, EXIT_USAGE
-from esiwrap.options import ALL_RUN_OPTIONS, BOOLEAN_FLAGS
 
 PRINT_ARGV = "import os, sys; print(os.environ.get('FOO'), sys.argv[1:])"
 

@@ -17,9 +17,9 @@ from fakes.gcp import FakeGcpMetadata
 from fakes.metadata import FakeMetadata
 from fakes.network import closed_port_url
 
-from esiwrap.deadline.spot import AWS_REBALANCE_PATH, AWS_SPOT_PATH
-from esiwrap.deadline.value import iso_epoch
 from esiwrap.errors import EXIT_CHECKPOINTED
+from esiwrap.sources.spot import AWS_REBALANCE_PATH, AWS_SPOT_PATH
+from esiwrap.times import iso_epoch
 
 
 def unavailable(run: EsiwrapRun, words: str) -> list[dict[str, object]]:

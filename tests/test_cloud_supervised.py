@@ -12,8 +12,8 @@ from fakes.fixtures import CREDENTIALS, SCHEDULED_ID, rfc3339_in
 from fakes.metadata import FakeMetadata
 from fakes.volcengine_api import ACCESS_DENIED, FakeVolcengineApi
 
-from esiwrap.deadline import parse_iso
 from esiwrap.errors import EXIT_CHECKPOINTED
+from esiwrap.times import parse_iso
 
 SPOT_ITEM = "/latest/spot_instance_termination_time"
 AWS_SPOT_ITEM = "/latest/meta-data/spot/instance-action"

@@ -89,7 +89,7 @@ def test_pid_1_reaps_orphans(container: list[EsiwrapRun]) -> None:
 
 
 def _at(event: dict[str, object]) -> float:
-    from esiwrap.deadline.value import iso_epoch
+    from esiwrap.times import iso_epoch
 
     return iso_epoch(str(event["timestamp"]))
 

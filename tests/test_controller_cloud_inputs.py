@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from controller_driver import CHILD, Driver, exits, logs, signals
 
-from esiwrap import controller as core
-from esiwrap.controller import ControllerConfig, Mode
-from esiwrap.deadline import Answer, Deadline
+from esiwrap.core import controller as core
+from esiwrap.core.controller import ControllerConfig, Mode
+from esiwrap.core.policy import PolicyConfig
+from esiwrap.core.values import Answer, Deadline
 from esiwrap.errors import EXIT_CHECKPOINTED
-from esiwrap.policy import PolicyConfig
 
 REBALANCE = "EC2 rebalance recommendation (noticeTime 2027-01-15T08:00:00Z): elevated risk"
 

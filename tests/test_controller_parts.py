@@ -7,14 +7,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from esiwrap.controller import TRANSITIONS, IllegalMove, Mode
-from esiwrap.controller.modes import Modes
-from esiwrap.controller.outbox import Outbox
-from esiwrap.controller.protocol import Now
-from esiwrap.controller.saves import SaveCycle
-from esiwrap.controller.timers import FIRING_ORDER, Timer, first_due, wait_s
-from esiwrap.controller.uploads import upload_retry_wait_s
-from esiwrap.policy import Observations
+from esiwrap.core.controller import TRANSITIONS, IllegalMove, Mode
+from esiwrap.core.controller.modes import Modes
+from esiwrap.core.controller.outbox import Outbox
+from esiwrap.core.controller.protocol import Now
+from esiwrap.core.controller.saves import SaveCycle
+from esiwrap.core.controller.timers import FIRING_ORDER, Timer, first_due, wait_s
+from esiwrap.core.controller.uploads import upload_retry_wait_s
+from esiwrap.core.policy import Observations
 
 CAUSES = sorted({cause for moves in TRANSITIONS.values() for cause in moves})
 
@@ -75,7 +75,7 @@ def test_the_first_due_timer_in_the_firing_order_fires() -> None:
 def test_the_save_cycle_is_acknowledged_only_by_every_saver() -> None:
     """A save asked for is acknowledged once every saving process reported its end; with no saver
     left, any end does."""
-    from esiwrap.controller.protocol import SaveEnd
+    from esiwrap.core.controller.protocol import SaveEnd
 
     cycle = SaveCycle(Outbox(), Observations(8))
     now = Now(100.0, 10.0)

@@ -14,10 +14,10 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from esiwrap import controller as core
-from esiwrap.controller import ControllerConfig, Mode
+from esiwrap.core import controller as core
+from esiwrap.core.controller import ControllerConfig, Mode
+from esiwrap.core.policy import PolicyConfig
 from esiwrap.errors import EXIT_CHECKPOINTED
-from esiwrap.policy import PolicyConfig
 
 PIDS = st.sampled_from([CHILD, 5001, 5002, 7777])
 SIGNALS = st.sampled_from(["SIGTERM", "SIGINT", "SIGUSR1", "SIGHUP", "SIGQUIT", "SIGUSR2"])

@@ -18,12 +18,13 @@ from fakes.metadata import FakeMetadata
 from fakes.volcengine_api import FakeVolcengineApi
 from snapshots import snapshot
 
-from esiwrap.deadline import Deadline, TimeParseError, ask, iso_utc
-from esiwrap.deadline.bounds import EARLIEST, HORIZON_S, implausible
-from esiwrap.deadline.local import MLP_VAR, SAGEMAKER_VAR, env_sources
-from esiwrap.deadline.metadata import AWS, VOLCENGINE, MetadataClient
-from esiwrap.deadline.parse import parse_when
-from esiwrap.deadline.spot import (
+from esiwrap.core.values import Deadline
+from esiwrap.errors import EXIT_NO_DEADLINE, EXIT_USAGE, SourceUnavailable
+from esiwrap.shell.systemd.status_line import human_duration, status_parts
+from esiwrap.sources.chain import ask
+from esiwrap.sources.local import MLP_VAR, SAGEMAKER_VAR, env_sources
+from esiwrap.sources.metadata import AWS, VOLCENGINE, MetadataClient
+from esiwrap.sources.spot import (
     AWS_NOTICE_S,
     AWS_SPOT_PATH,
     VOLCENGINE_NOTICE_S,
@@ -31,9 +32,7 @@ from esiwrap.deadline.spot import (
     aws_spot,
     volcengine_spot,
 )
-from esiwrap.deadline.value import iso_epoch
-from esiwrap.errors import EXIT_NO_DEADLINE, EXIT_USAGE, SourceUnavailable
-from esiwrap.systemd.status import human_duration, status_parts
+from esiwrap.times import EARLIEST, HORIZON_S, TimeParseError, implausible, iso_epoch, iso_utc, parse_when
 
 NOW = 1_790_000_000.0
 FAR_FUTURE_RFC3339 = "9999-12-31T23:59:59-12:00"  # parses; its UTC year is 10000
@@ -255,7 +254,7 @@ def test_aws_notice_from_1970_still_counts(fake_aws_metadata: FakeMetadata) -> N
 def test_a_nodes_answer_is_held_to_the_same_range_as_every_source() -> None:
     """What arrives from another node passes the plausibility of `bounds` at arrival, nothing
     looser or stricter: 2000-01-01 on, at most ten years ahead."""
-    from esiwrap.deadline import remote
+    from esiwrap.sources import remote
 
     def arrived(at: float) -> bool:
         fields = {"source": "node:1a2b3c4d/env:MLP", "at": at, "raw": str(at), "lead_s": 0.0, "detail": {}}

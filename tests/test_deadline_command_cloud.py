@@ -16,8 +16,8 @@ from fakes.metadata import FakeMetadata
 from fakes.network import Blackhole
 from fakes.volcengine_api import ACCESS_DENIED, FakeVolcengineApi
 
-from esiwrap.deadline import parse_iso
 from esiwrap.errors import EXIT_NO_DEADLINE, EXIT_OK
+from esiwrap.times import parse_iso
 
 pytestmark = pytest.mark.system
 

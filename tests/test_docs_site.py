@@ -118,7 +118,7 @@ def test_the_front_page_is_short_and_one_link_from_what_a_newcomer_wants(site: P
 def test_the_generated_options_page_reaches_every_option_by_its_anchor(site: Path) -> None:
     """The options reference in the built site has an anchor per option (its name, e.g.
     #stop-grace), the targets of links from the other pages and of `esiwrap --help`'s pointer."""
-    from esiwrap.options import ALL_RUN_OPTIONS
+    from esiwrap.cli.options import ALL_RUN_OPTIONS
 
     parser = Ids()
     parser.feed((site / "reference" / "options.html").read_text(encoding="utf-8"))

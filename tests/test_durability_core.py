@@ -8,12 +8,18 @@ from dataclasses import replace
 import pytest
 from controller_driver import CHILD, Driver, exits, logs
 
-from esiwrap import controller as core
-from esiwrap import state
-from esiwrap.controller import Checkpoint, Controller, ControllerConfig, Mode
-from esiwrap.durability import classify, find_mount, parse_mountinfo
+from esiwrap.core import controller as core
+from esiwrap.core import state
+from esiwrap.core.controller import Checkpoint, Controller, ControllerConfig, Mode
+from esiwrap.core.policy import (
+    UPLOAD_SAFETY_FACTOR,
+    Observations,
+    PolicyConfig,
+    plan_save,
+    upload_estimate_s,
+)
 from esiwrap.errors import EXIT_CHECKPOINTED, EXIT_NOT_UPLOADED
-from esiwrap.policy import UPLOAD_SAFETY_FACTOR, Observations, PolicyConfig, plan_save, upload_estimate_s
+from esiwrap.shell.durability import classify, find_mount, parse_mountinfo
 
 UPLOADS = ControllerConfig(
     policy=PolicyConfig(redundant_s=4.0, save_duration_s=1.0, final_margin_s=2.0, unmeasured_factor=1.0,

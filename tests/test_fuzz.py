@@ -15,15 +15,24 @@ import string
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from esiwrap.channel import MAX_DATAGRAM, MAX_PID, MESSAGE_TYPES, Message, decode
 from esiwrap.cli import split_run_argv
-from esiwrap.deadline import TimeParseError, iso_utc, parse_duration, parse_epoch, parse_iso, parse_when
-from esiwrap.deadline.bounds import implausible
-from esiwrap.deadline.parse import MAX_DURATION_S
-from esiwrap.deadline.value import iso_epoch
+from esiwrap.cli.options import RUN_OPTIONS, build_run_parser
 from esiwrap.errors import UsageError
-from esiwrap.options import RUN_OPTIONS, SOURCE_OPTIONS, build_run_parser, resolve_options
-from esiwrap.report import event_of, read_events, render_text, report, to_json
+from esiwrap.optiontypes import resolve_options
+from esiwrap.sources.registry import SOURCE_OPTIONS
+from esiwrap.times import (
+    MAX_DURATION_S,
+    TimeParseError,
+    implausible,
+    iso_epoch,
+    iso_utc,
+    parse_duration,
+    parse_epoch,
+    parse_iso,
+    parse_when,
+)
+from esiwrap.tools.report import event_of, read_events, render_text, report, to_json
+from esiwrap.trainer.channel import MAX_DATAGRAM, MAX_PID, MESSAGE_TYPES, Message, decode
 
 # FUZZ_EXAMPLES=4000 for a deeper run by hand; the default keeps each test to a few seconds.
 BOUNDED = settings(max_examples=int(os.environ.get("FUZZ_EXAMPLES", "400")), deadline=None,

@@ -14,9 +14,10 @@ from fakes.gcp import PREFIX, FakeGcpMetadata, etag_of
 from fakes.metadata import FakeMetadata
 from fakes.network import Silent, closed_port_url
 
-from esiwrap.deadline import Answer, ask
-from esiwrap.deadline.gcp_notices import GcpSource
-from esiwrap.deadline.metadata import GCP, MetadataClient, Timeouts, _describe
+from esiwrap.core.values import Answer
+from esiwrap.sources.chain import ask
+from esiwrap.sources.gcp_notices import GcpSource
+from esiwrap.sources.metadata import GCP, MetadataClient, Timeouts, _describe
 
 PREEMPTED = "instance/preempted"
 MAINTENANCE = "instance/maintenance-event"

@@ -9,8 +9,8 @@ from freezegun import freeze_time
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from esiwrap import state
-from esiwrap.history import (
+from esiwrap.core import state
+from esiwrap.core.history import (
     HALF_LIFE_S,
     PRIOR_INTERRUPTIONS,
     STALE_AFTER_S,
@@ -24,7 +24,7 @@ from esiwrap.history import (
     record_from_json,
     record_to_json,
 )
-from esiwrap.policy import (
+from esiwrap.core.policy import (
     NODE_FAILURE_RATE_PER_DAY,
     SPOT_RATE_PER_DAY,
     Capacity,
@@ -163,7 +163,7 @@ def test_the_controller_says_why_it_stopped() -> None:
     is the deadline's, a SIGTERM's is the SIGTERM's, the child's own end is the child's."""
     from controller_driver import CHILD, Driver, exits
 
-    from esiwrap import controller as core
+    from esiwrap.core import controller as core
 
     planned = Driver()
     planned.hello()
@@ -270,7 +270,7 @@ def test_the_insurance_is_taken_where_the_final_save_is_at_risk() -> None:
 
 
 def test_the_report_names_the_rate_and_what_it_rests_on() -> None:
-    from esiwrap.report import render_text, summarize
+    from esiwrap.tools.report import render_text, summarize
 
     why = ("periodic: 41m since the last checkpoint (Young/Daly for 0.71 interruption(s) a day: spot "
            "capacity (aws-spot): default 8/day per instance, + this job's 0 interruption(s) without "

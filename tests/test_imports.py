@@ -13,14 +13,15 @@ from pathlib import Path
 
 import pytest
 
-from esiwrap.deadline import registry
-from esiwrap.options import ALL_RUN_OPTIONS, SOURCE_OPTIONS
+from esiwrap.cli.options import ALL_RUN_OPTIONS
+from esiwrap.sources import registry
+from esiwrap.sources.registry import SOURCE_OPTIONS
 
 PACKAGE = Path(registry.__file__).resolve().parent.parent
 ENTRY_POINTS = {"esiwrap._console", "esiwrap.__main__"}
 HEAVY_SOURCE_MODULES = (
-    "esiwrap.deadline.metadata", "esiwrap.deadline.spot", "esiwrap.deadline.volcengine_api",
-    "esiwrap.deadline.azure_events", "esiwrap.deadline.gcp_notices",
+    "esiwrap.sources.metadata", "esiwrap.sources.spot", "esiwrap.sources.volcengine_api",
+    "esiwrap.sources.azure_events", "esiwrap.sources.gcp_notices",
 )
 
 
@@ -113,14 +114,75 @@ def cycles() -> list[list[str]]:
 def test_the_graph_reader_sees_every_kind_of_import() -> None:
     """Top-level, function-level, relative and `from package import module` imports are edges;
     the package of a module imported is one too."""
-    assert "esiwrap.options" in GRAPH["esiwrap.cli"]  # top level
-    assert "esiwrap.supervisor" in GRAPH["esiwrap.cli"]  # inside run()
-    assert "esiwrap.deadline.volcengine_api" in GRAPH["esiwrap.deadline.volcengine"]  # inside build()
-    assert {"esiwrap.deadline", "esiwrap.deadline.parse"} <= GRAPH["esiwrap.optiontypes"]
+    assert "esiwrap.cli.options" in GRAPH["esiwrap.cli"]  # top level
+    assert "esiwrap.shell.supervisor" in GRAPH["esiwrap.cli"]  # inside run()
+    assert "esiwrap.sources.volcengine_api" in GRAPH["esiwrap.sources.volcengine"]  # inside build()
+    assert {"esiwrap.times", "esiwrap.envvars"} <= GRAPH["esiwrap.optiontypes"]
     assert "esiwrap.integrations.verl_hooks" in GRAPH["esiwrap.integrations"]  # from ... import name
     assert "esiwrap.integrations.verl" in GRAPH["esiwrap.integrations.verl_hooks"]  # from ... import verl
     assert "esiwrap.integrations.ray_relay" in GRAPH["esiwrap.integrations"]  # inside activate()
-    assert "esiwrap.controller.protocol" in GRAPH["esiwrap.controller.core"]  # a package's own modules
+    # a package's own modules
+    assert "esiwrap.core.controller.protocol" in GRAPH["esiwrap.core.controller.machine"]
+
+
+# ---------------------------------------------------------------------------------- the floors
+FLOORS: dict[str, frozenset[str]] = {  # each floor, and the floors its modules may import
+    "ground": frozenset({"ground"}),
+    "core": frozenset({"ground", "core"}),
+    "trainer": frozenset({"ground", "trainer"}),
+    "sources": frozenset({"ground", "core", "sources"}),
+    "integrations": frozenset({"ground", "core", "trainer", "sources", "integrations"}),
+    "shell": frozenset({"ground", "core", "trainer", "sources", "shell"}),
+    "tools": frozenset({"ground", "core", "shell", "tools"}),
+    "cli": frozenset({"ground", "core", "trainer", "sources", "integrations", "shell", "tools", "cli"}),
+    "entry": frozenset({"ground", "shell", "cli", "entry"}),  # `esiwrap`, `python -m esiwrap`
+    "_bootstrap": frozenset({"ground", "integrations", "_bootstrap"}),  # the child's start-up hook
+}
+MAX_TOP_LEVEL_MODULES = 11  # the ground floor and the entry points; everything else is in a floor
+
+
+def floor(module: str) -> str:
+    """The floor a module is on: its folder under esiwrap/, `entry` for the executables, else the
+    ground floor (the names every floor shares: errors, events, envvars, signals, times, options)."""
+    if module in ENTRY_POINTS:
+        return "entry"
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[1] in FLOORS else "ground"
+
+
+def test_every_folder_of_the_package_is_a_floor() -> None:
+    """The package's folders are its floors, and its top level holds only the ground floor's few
+    shared modules and the entry points."""
+    folders = {path.name for path in PACKAGE.iterdir() if path.is_dir() and path.name != "__pycache__"}
+    assert folders == set(FLOORS) - {"ground", "entry"}
+    top = sorted(path.name for path in PACKAGE.glob("*.py"))
+    assert len(top) <= MAX_TOP_LEVEL_MODULES, top
+
+
+def test_no_import_runs_upward() -> None:
+    """A module imports only its own floor and the floors below it: the core and the trainer side
+    know nothing of the shell, the sources nothing of the supervisor, the tools nothing of the
+    command line (every import, inside functions too)."""
+    upward = sorted(f"{module} -> {target}" for module, targets in GRAPH.items() for target in targets
+                    if floor(target) not in FLOORS[floor(module)])
+    assert upward == []
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if floor(m) == "core"))
+def test_the_core_does_no_io_and_reads_no_clock(module: str) -> None:
+    """The core (the controller, the policy, the history, the job, the runner) imports nothing that
+    does I/O or reads a clock: the supervisor, the simulator and the tests drive the very same
+    code with the time as an argument."""
+    source = MODULES[module].read_text(encoding="utf-8")
+    imported: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            imported |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            imported.add(node.module.split(".")[0])
+    forbidden = {"os", "signal", "socket", "selectors", "psutil", "time", "subprocess", "threading"}
+    assert imported.isdisjoint(forbidden)
+    assert "time.time(" not in source and "monotonic(" not in source
 
 
 def test_a_module_that_takes_names_from_its_own_package_depends_on_it(tmp_path: Path) -> None:
@@ -141,9 +203,9 @@ def test_a_module_that_takes_names_from_its_own_package_depends_on_it(tmp_path: 
 
 
 def test_only_the_entry_points_import_the_cli() -> None:
-    """`esiwrap.cli` is the top: the option table, the simulator's and `--what-if`'s
-    configuration and the Ray nodes' sources come from `esiwrap.options`."""
-    importers = {name for name, targets in GRAPH.items() if "esiwrap.cli" in targets}
+    """`esiwrap.cli` is the top: nothing of the package imports it but the executables."""
+    importers = {name for name, targets in GRAPH.items()
+                 if "esiwrap.cli" in targets and not name.startswith("esiwrap.cli")}
     assert importers == ENTRY_POINTS
 
 
@@ -175,8 +237,8 @@ def test_heavy_source_modules_load_only_for_the_sources_that_need_them() -> None
     code = (
         "import contextlib, io, sys\n"
         "from esiwrap.cli import main\n"
-        "from esiwrap.deadline.registry import build_sources\n"
-        "from esiwrap.options import source_values\n"
+        "from esiwrap.sources.registry import build_sources\n"
+        "from esiwrap.sources.registry import source_values\n"
         "with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):\n"
         "    main(['--help'])\n"
         f"heavy = {HEAVY_SOURCE_MODULES!r}\n"

@@ -15,13 +15,14 @@ from pathlib import Path
 import pytest
 from esiwrap_harness import EsiwrapRun
 
-from esiwrap.channel import ChannelServer
 from esiwrap.integrations import OUR_RAY_ENV_HOOK
 from esiwrap.integrations.importhook import when_imported
 from esiwrap.paths import bootstrap_dir
-from esiwrap.supervisor import SupervisorConfig, child_environment
+from esiwrap.shell.supervisor import SupervisorConfig, child_environment
+from esiwrap.trainer.channel import ChannelServer
 
-HEAVY = ("verl", "ray", "torch", "psutil", "structlog", "esiwrap.channel", "esiwrap.integrations.ray_relay")
+HEAVY = ("verl", "ray", "torch", "psutil", "structlog", "esiwrap.trainer.channel",
+         "esiwrap.integrations.ray_relay")
 REPORT = (
     "import json, os, sys; print(json.dumps({'modules': sorted(sys.modules), "
     "'hook': os.environ.get('RAY_RUNTIME_ENV_HOOK'), "

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from esiwrap import log
+from esiwrap.shell import log
 
 
 @pytest.fixture(autouse=True)

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from esiwrap_harness import PYTHON
 
-from esiwrap import log
-from esiwrap.log import capture_logs
+from esiwrap.shell import log
+from esiwrap.shell.log import capture_logs
 
 TIMESTAMP = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z$")
 

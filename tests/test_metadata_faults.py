@@ -12,10 +12,11 @@ from fakes.fixtures import INSTANCE_ID, REGION, SCHEDULED_ID, rfc3339_in
 from fakes.metadata import FakeMetadata
 from fakes.volcengine_api import FakeVolcengineApi
 
-from esiwrap.deadline import ask, parse_iso
-from esiwrap.deadline.metadata import VOLCENGINE, MetadataClient, Timeouts
-from esiwrap.deadline.spot import VOLCENGINE_SPOT_PATH, volcengine_spot
-from esiwrap.deadline.volcengine_api import VolcengineSettings, VolcengineSource
+from esiwrap.sources.chain import ask
+from esiwrap.sources.metadata import VOLCENGINE, MetadataClient, Timeouts
+from esiwrap.sources.spot import VOLCENGINE_SPOT_PATH, volcengine_spot
+from esiwrap.sources.volcengine_api import VolcengineSettings, VolcengineSource
+from esiwrap.times import parse_iso
 
 pytestmark = pytest.mark.usefixtures("volcengine_credentials")
 ITEMS = {"/latest/instance_id": INSTANCE_ID, "/latest/region_id": REGION}

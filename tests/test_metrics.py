@@ -12,8 +12,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
-from esiwrap.metrics import FAMILIES, escape_label, render
-from esiwrap.snapshot import PHASES, Snapshot
+from esiwrap.core.snapshot import PHASES, Snapshot
+from esiwrap.shell.metrics import FAMILIES, escape_label, render
 
 NOW = 1_800_000_000.0
 

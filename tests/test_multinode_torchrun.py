@@ -21,8 +21,8 @@ import pytest
 import torch
 from esiwrap_harness import EXAMPLES, PYTHON, EsiwrapRun, free_port, processes_with_marker, wait_until
 
-from esiwrap.deadline.value import iso_epoch
 from esiwrap.errors import EXIT_CHECKPOINTED
+from esiwrap.times import iso_epoch
 
 STARTUP_S = 240.0  # two framework imports and a rendezvous on two loaded cores
 

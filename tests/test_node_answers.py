@@ -13,8 +13,10 @@ from typing import Any
 
 from esiwrap_harness import PYTHON
 
-from esiwrap.deadline import Answer, Deadline, iso_utc, remote
+from esiwrap.core.values import Answer, Deadline
 from esiwrap.errors import EXIT_CHECKPOINTED
+from esiwrap.sources import remote
+from esiwrap.times import iso_utc
 
 SENDER = (
     "import json, os, signal, socket, sys\n"

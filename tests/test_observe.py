@@ -21,10 +21,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from test_metrics import NOW, snapshot
 
-from esiwrap.endpoint import HttpEndpoint, Page
-from esiwrap.log import capture_logs
-from esiwrap.observe import Observer, ObserveSettings
-from esiwrap.snapshot import Snapshot
+from esiwrap.core.snapshot import Snapshot
+from esiwrap.shell.endpoint import HttpEndpoint, Page
+from esiwrap.shell.log import capture_logs
+from esiwrap.shell.observe import Observer, ObserveSettings
 
 T = TypeVar("T")
 

@@ -10,10 +10,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import get_args
 
-from esiwrap import channel, choices, envvars, events, messages
-from esiwrap.controller import Mode
-from esiwrap.options import ALL_RUN_OPTIONS
-from esiwrap.snapshot import PHASES
+from esiwrap import choices, envvars, events
+from esiwrap.cli.options import ALL_RUN_OPTIONS
+from esiwrap.core.controller import Mode
+from esiwrap.core.snapshot import PHASES
+from esiwrap.trainer import channel
+from esiwrap.trainer import wire as messages
 
 PACKAGE = Path(envvars.__file__).resolve().parent
 DOCS = PACKAGE.parent / "docs"
@@ -112,7 +114,7 @@ def test_the_phases_shown_are_the_controllers_modes() -> None:
     assert tuple(mode.value for mode in Mode) == PHASES
 
 
-READERS = (PACKAGE / "report.py", PACKAGE / "timeline.py", PACKAGE / "whatif.py")  # they read logs back
+READERS = tuple(PACKAGE / "tools" / name for name in ("report.py", "timeline.py", "whatif.py"))
 
 
 def event_constants_used(tree: ast.Module) -> set[str]:
@@ -165,7 +167,7 @@ def message_constants_used(tree: ast.Module) -> set[str]:
 
 
 def test_every_message_sent_is_a_known_type_spelled_once() -> None:
-    """The trainer library and the integrations name what they send with `esiwrap.messages`: every
+    """The trainer library and the integrations name what they send with `esiwrap.trainer.wire`: every
     `send(...)` whose type is written out is a `messages` constant, never a string of its own."""
     known = {name for name, value in vars(messages).items() if name.isupper() and value in messages.ALL}
     sent: set[str] = set()
@@ -190,7 +192,8 @@ def test_every_message_sent_is_a_known_type_spelled_once() -> None:
 def test_every_known_message_is_handled_and_the_channel_takes_no_other() -> None:
     """The supervisor turns each type in `messages.ALL` into an input for the controller, and the
     channel drops any other type."""
-    handled = message_constants_used(ast.parse((PACKAGE / "supervisor.py").read_text(encoding="utf-8")))
+    supervisor = (PACKAGE / "shell" / "supervisor.py").read_text(encoding="utf-8")
+    handled = message_constants_used(ast.parse(supervisor))
     assert {getattr(messages, name) for name in handled} == messages.ALL
     assert channel.MESSAGE_TYPES == messages.ALL
     assert channel.decode(b'{"type": "hullo", "pid": 42}') is None

@@ -7,7 +7,7 @@ from datetime import datetime, timezone
 import pytest
 from freezegun import freeze_time
 
-from esiwrap.deadline import TimeParseError, parse_duration, parse_epoch, parse_iso, parse_when
+from esiwrap.times import TimeParseError, parse_duration, parse_epoch, parse_iso, parse_when
 
 NOW = 1_790_000_000.0  # an anchor for relative forms; parse_when never reads the clock itself
 EPOCH_2026 = datetime(2026, 9, 14, 12, 30, tzinfo=timezone.utc).timestamp()
@@ -116,7 +116,7 @@ def test_cli_source_anchors_relative_deadline_at_launch() -> None:
     """`--deadline +2h` means two hours from launch, however late the source is asked."""
     import time
 
-    from esiwrap.deadline.local import CliSource
+    from esiwrap.sources.local import CliSource
 
     launched = time.time()
     source = CliSource("+2h", anchor=launched)

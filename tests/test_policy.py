@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from esiwrap.policy import (
+from esiwrap.core.policy import (
     FINAL_SAVE_FACTOR,
     SAVE_SAFETY_FACTOR,
     Observations,

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from esiwrap.policy import (
+from esiwrap.core.policy import (
     CALIBRATION_HORIZON_FACTOR,
     INSURANCE_WORTH_FACTOR,
     SAVE_SAFETY_FACTOR,

@@ -13,10 +13,9 @@ from controller_driver import CHILD, Driver, logs
 from hypothesis import given
 from hypothesis import strategies as st
 
-from esiwrap import controller as core
-from esiwrap.controller import ControllerConfig
-from esiwrap.deadline import Answer, Deadline
-from esiwrap.policy import (
+from esiwrap.core import controller as core
+from esiwrap.core.controller import ControllerConfig
+from esiwrap.core.policy import (
     NODE_FAILURE_RATE_PER_DAY,
     PRIOR_COVER_Z,
     SPOT_RATE_PER_DAY,
@@ -33,6 +32,7 @@ from esiwrap.policy import (
     save_estimate_s,
     unmeasured_save_s,
 )
+from esiwrap.core.values import Answer, Deadline
 
 GB = 1e9
 DEADLINE = 100_000.0
@@ -185,8 +185,8 @@ def test_no_probe_when_turned_off_or_already_measured() -> None:
     off = Driver(ControllerConfig(probe_storage=False))
     off.deadline(3600.0)
     assert probes(off.hello(checkpoint_bytes=GB, checkpoint_dir="/ckpt")) == []
-    from esiwrap.controller import Controller
-    from esiwrap.policy import Prior
+    from esiwrap.core.controller import Controller
+    from esiwrap.core.policy import Prior
 
     measured = Driver(start=False)
     measured.controller = Controller(ControllerConfig(), prior=Prior(steps=[1.0], saves=[30.0]))

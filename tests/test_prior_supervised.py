@@ -16,15 +16,15 @@ from esiwrap_harness import PYTHON, TINY_TRAINER, EsiwrapRun
 from fakes.fixtures import SCHEDULED_ID, rfc3339_in
 from fakes.volcengine_api import FakeVolcengineApi
 
-from esiwrap.deadline.value import iso_epoch
 from esiwrap.errors import EXIT_CHECKPOINTED, EXIT_SAVE_MISSED
-from esiwrap.storage import (
+from esiwrap.shell.storage_probe import (
     PROBE_CHUNK_BYTES,
     PROBE_MAX_BYTES,
     PROBE_MAX_S,
     measure_checkpoint,
     probe_bandwidth,
 )
+from esiwrap.times import iso_epoch
 
 pytestmark = pytest.mark.system
 

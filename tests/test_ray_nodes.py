@@ -32,8 +32,8 @@ from fakes.metadata import FakeMetadata
 from fakes.volcengine_api import FakeVolcengineApi
 from ray_cluster import RayNode, leftovers, node_environment, node_with, ray_env
 
-from esiwrap.deadline import parse_iso
 from esiwrap.errors import EXIT_CHECKPOINTED, EXIT_USAGE
+from esiwrap.times import parse_iso
 
 DRIVER = ROOT / "tests" / "verl_driver.py"
 SPOT_ITEM = "/latest/spot_instance_termination_time"

@@ -17,7 +17,7 @@ import pytest
 from esiwrap_harness import PYTHON, ROOT
 
 from esiwrap import envvars, errors
-from esiwrap.options import ALL_RUN_OPTIONS, BOOLEAN_FLAGS, QUIET_NEGATIVES, RUN_FLAGS
+from esiwrap.cli.options import ALL_RUN_OPTIONS, BOOLEAN_FLAGS, QUIET_NEGATIVES, RUN_FLAGS
 from esiwrap.optiontypes import SECTIONS
 
 DOCS = ROOT / "docs"

@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 from esiwrap_harness import PYTHON, ROOT, TINY_TRAINER, EsiwrapRun, event_time
 
-from esiwrap.deadline.value import iso_epoch
 from esiwrap.errors import EXIT_CHECKPOINTED, EXIT_SAVE_MISSED, EXIT_USAGE
+from esiwrap.times import iso_epoch
 
 pytestmark = pytest.mark.system
 

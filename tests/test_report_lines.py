@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 import signal
 
-from esiwrap.policy import quantile
-from esiwrap.report import event_of, exit_meaning, read_events, split_runs, summarize
+from esiwrap.core.policy import quantile
 from esiwrap.signals import signal_label
+from esiwrap.tools.report import event_of, exit_meaning, read_events, split_runs, summarize
 
 EVENT = {"timestamp": "2026-11-30T02:00:00.000Z", "level": "info", "event": "child_started",
          "run_id": "abc123", "pid": 7}

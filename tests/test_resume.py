@@ -27,9 +27,9 @@ import pytest
 from browser import Chromium, Png
 from esiwrap_harness import PYTHON, ROOT, TINY_TRAINER, EsiwrapRun
 
-from esiwrap.durability import filesystem_of
 from esiwrap.errors import EXIT_CHECKPOINTED
-from esiwrap.timeline import COLORS
+from esiwrap.shell.durability import filesystem_of
+from esiwrap.tools.timeline import COLORS
 
 pytestmark = [pytest.mark.system, pytest.mark.timeout(400)]
 QUICK = ["--deadline", "+30s", "--stop-grace", "5", "--redundant-time", "6", "--save-duration", "1",

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from esiwrap_harness import PLAIN_TRAINER, PYTHON
 
+from esiwrap.core.policy import FINAL_SAVE_FACTOR, SAVE_SAFETY_FACTOR
 from esiwrap.errors import EXIT_CHECKPOINTED, EXIT_SAVE_MISSED
-from esiwrap.policy import FINAL_SAVE_FACTOR, SAVE_SAFETY_FACTOR
 
 
 def trainer(ckpt: Path, *extra: str) -> list[str]:

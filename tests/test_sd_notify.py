@@ -17,11 +17,11 @@ from esiwrap_harness import PYTHON, TINY_TRAINER
 from snapshots import snapshot
 
 from esiwrap.errors import EXIT_CHECKPOINTED
-from esiwrap.log import capture_logs
-from esiwrap.systemd import notify
-from esiwrap.systemd.notify import STATUS_REFRESH_S, Notifier, watchdog_interval_s
-from esiwrap.systemd.status import human_duration, status_parts
-from esiwrap.systemd.unit import shipped_template
+from esiwrap.shell.log import capture_logs
+from esiwrap.shell.systemd import notify
+from esiwrap.shell.systemd.notify import STATUS_REFRESH_S, Notifier, watchdog_interval_s
+from esiwrap.shell.systemd.status_line import human_duration, status_parts
+from esiwrap.shell.systemd.unit import shipped_template
 
 
 class NotifySocket:

@@ -6,7 +6,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from esiwrap import controller, supervisor
+from esiwrap.core import controller
+from esiwrap.shell import supervisor
 
 SUPERVISOR = Path(supervisor.__file__)
 # the controller's public methods

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 from esiwrap_harness import CHILDREN, PYTHON, EsiwrapRun
 
-from esiwrap.early import HANDLED as CAUGHT_AT_START
+from esiwrap.shell.early import HANDLED as CAUGHT_AT_START
 from esiwrap.signals import FORWARDED, HANDLED, NOT_FORWARDED, USED, signal_label
 
 RECORDER = CHILDREN / "signal_recorder.py"

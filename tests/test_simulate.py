@@ -15,9 +15,9 @@ import simulate
 from runners import run_esiwrap, run_oracle, run_verl, verl_wants_save
 from traces import FAMILIES, Params, Scenario, generate
 
-from esiwrap.deadline.value import iso_epoch
+from esiwrap.core.policy import PolicyConfig
 from esiwrap.errors import EXIT_CHECKPOINTED
-from esiwrap.policy import PolicyConfig
+from esiwrap.times import iso_epoch
 
 STEP_S, DEADLINE_S = 7.0, 1000.0  # 1000 is not a multiple of 7: no boundary ties the deadline
 

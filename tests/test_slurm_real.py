@@ -20,7 +20,7 @@ import pytest
 from esiwrap_harness import PYTHON, TINY_TRAINER, wait_until
 from slurm_cluster import SlurmCluster, missing_programs, wait_for_file_text
 
-from esiwrap.deadline.value import iso_utc
+from esiwrap.times import iso_utc
 
 pytestmark = pytest.mark.system
 

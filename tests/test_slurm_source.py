@@ -18,13 +18,13 @@ import pytest
 from controller_driver import CHILD, Driver, signals
 from esiwrap_harness import PYTHON, TINY_TRAINER, EsiwrapRun
 
-from esiwrap import controller as core
 from esiwrap import events as ev
-from esiwrap.deadline import ask, slurm
-from esiwrap.deadline.registry import DEFAULT_SOURCES, build_sources
-from esiwrap.deadline.slurm import SlurmSource, parse_end_time, requeue, requeue_refusal
+from esiwrap.core import controller as core
 from esiwrap.envvars import TRAINER_SIGTERM_ENV
-from esiwrap.options import source_values
+from esiwrap.sources import slurm
+from esiwrap.sources.chain import ask
+from esiwrap.sources.registry import DEFAULT_SOURCES, build_sources, source_values
+from esiwrap.sources.slurm import SlurmSource, parse_end_time, requeue, requeue_refusal
 
 NOW = 1_800_000_000.0
 END = 1_800_000_600
@@ -61,8 +61,8 @@ def test_outside_a_slurm_job_a_run_does_not_start_the_source() -> None:
     nothing that could run squeue is loaded); `esiwrap deadline` (explain) still says why."""
     code = (
         "import sys\n"
-        "from esiwrap.deadline.registry import DEFAULT_SOURCES, build_sources\n"
-        "from esiwrap.options import source_values\n"
+        "from esiwrap.sources.registry import DEFAULT_SOURCES, build_sources\n"
+        "from esiwrap.sources.registry import source_values\n"
         "names = [s.name for s in build_sources(DEFAULT_SOURCES, source_values(), {}, 0.0)]\n"
         "print(names, 'subprocess' in sys.modules)\n"
     )

@@ -10,11 +10,11 @@ import time
 import pytest
 from esiwrap_harness import PYTHON
 
-from esiwrap.deadline import Answer, Deadline, ask, winner
-from esiwrap.deadline.local import MLP_VAR, SAGEMAKER_VAR, CliSource, env_sources
-from esiwrap.deadline.registry import build_sources
+from esiwrap.core.values import Answer, Deadline, winner
 from esiwrap.errors import EXIT_NO_DEADLINE, EXIT_OK
-from esiwrap.options import source_values
+from esiwrap.sources.chain import ask
+from esiwrap.sources.local import MLP_VAR, SAGEMAKER_VAR, CliSource, env_sources
+from esiwrap.sources.registry import build_sources, source_values
 
 NOW = 1_790_000_000.0
 
@@ -140,7 +140,7 @@ def test_answers_carry_the_capacity_kind_a_source_knows() -> None:
 
 def test_a_nodes_capacity_kind_survives_the_wire() -> None:
     """Another node's answer keeps its capacity kind across the relay; garbage there is dropped."""
-    from esiwrap.deadline import remote
+    from esiwrap.sources import remote
 
     sent = Answer("node:abcd1234/aws-spot", reason="no notice", expected=True, capacity="spot")
     assert remote.from_fields(remote.to_fields(sent), NOW) == sent

@@ -18,19 +18,8 @@ from fakes.network import closed_port_url
 from hypothesis import given
 from hypothesis import strategies as st
 
-from esiwrap import controller as core
-from esiwrap import whatif
-from esiwrap.deadline import Answer, Deadline, ask, remote
-from esiwrap.deadline.metadata import AWS, VOLCENGINE, MetadataClient, Timeouts
-from esiwrap.deadline.spot import (
-    AWS_NOTICE_S,
-    SPOT_POLL_S,
-    VOLCENGINE_NOTICE_S,
-    VOLCENGINE_SPOT_PATH,
-    aws_spot,
-    volcengine_spot,
-)
-from esiwrap.policy import (
+from esiwrap.core import controller as core
+from esiwrap.core.policy import (
     NOTICE_MISSED_SHARE,
     SPOT_RATE_PER_DAY,
     Capacity,
@@ -40,6 +29,19 @@ from esiwrap.policy import (
     periodic_interval_s,
     unwarned_share,
 )
+from esiwrap.core.values import Answer, Deadline
+from esiwrap.sources import remote
+from esiwrap.sources.chain import ask
+from esiwrap.sources.metadata import AWS, VOLCENGINE, MetadataClient, Timeouts
+from esiwrap.sources.spot import (
+    AWS_NOTICE_S,
+    SPOT_POLL_S,
+    VOLCENGINE_NOTICE_S,
+    VOLCENGINE_SPOT_PATH,
+    aws_spot,
+    volcengine_spot,
+)
+from esiwrap.tools import whatif
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 

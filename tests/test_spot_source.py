@@ -9,9 +9,9 @@ from fakes.fixtures import rfc3339_in
 from fakes.metadata import FakeMetadata
 from fakes.network import closed_port_url
 
-from esiwrap.deadline import ask, parse_iso
-from esiwrap.deadline.metadata import AWS, VOLCENGINE, MetadataClient, Timeouts
-from esiwrap.deadline.spot import (
+from esiwrap.sources.chain import ask
+from esiwrap.sources.metadata import AWS, VOLCENGINE, MetadataClient, Timeouts
+from esiwrap.sources.spot import (
     AWS_LIFE_CYCLE_PATH,
     AWS_REBALANCE_PATH,
     AWS_SPOT_PATH,
@@ -21,6 +21,7 @@ from esiwrap.deadline.spot import (
     aws_spot,
     volcengine_spot,
 )
+from esiwrap.times import parse_iso
 
 
 def test_no_notice_is_an_expected_404(fake_metadata: FakeMetadata) -> None:

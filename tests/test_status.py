@@ -18,9 +18,9 @@ import pytest
 from esiwrap_harness import CHILDREN, PYTHON
 from test_metrics import snapshot
 
-from esiwrap.snapshot import Snapshot
-from esiwrap.status import describe, summary
-from esiwrap.statusfile import default_status_file
+from esiwrap.core.snapshot import Snapshot
+from esiwrap.shell.statusfile import default_status_file
+from esiwrap.tools.status import describe, summary
 
 OBSERVED = CHILDREN / "esiwrap_observed.py"
 

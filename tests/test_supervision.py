@@ -16,8 +16,8 @@ import psutil
 import pytest
 from esiwrap_harness import PYTHON, SIGNAL_ECHO, processes_with_marker, wait_until
 
-from esiwrap.deadline.value import iso_epoch
 from esiwrap.errors import EXIT_NOT_EXECUTABLE, EXIT_NOT_FOUND, EXIT_SAVE_MISSED, EXIT_USAGE
+from esiwrap.times import iso_epoch
 
 pytestmark = pytest.mark.system
 

@@ -20,8 +20,8 @@ import pytest
 from esiwrap_harness import PYTHON, ROOT, TINY_TRAINER
 from systemd_namespace import CGROUP_V1, SystemdNamespace
 
-from esiwrap.deadline.value import iso_epoch
 from esiwrap.errors import EXIT_CHECKPOINTED, EXIT_USAGE
+from esiwrap.times import iso_epoch
 
 pytestmark = pytest.mark.system
 

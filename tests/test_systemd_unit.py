@@ -22,7 +22,7 @@ from esiwrap_harness import PYTHON, ROOT
 
 from esiwrap.cli import option_docs
 from esiwrap.errors import EXIT_USAGE
-from esiwrap.systemd.unit import env_file_text, quote_env_value, render_unit, shipped_template
+from esiwrap.shell.systemd.unit import env_file_text, quote_env_value, render_unit, shipped_template
 
 pytestmark = pytest.mark.system
 

@@ -27,7 +27,7 @@ from fakes.metadata import FakeMetadata
 from fakes.volcengine_api import FakeVolcengineApi
 
 from esiwrap.errors import EXIT_CHECKPOINTED
-from esiwrap.timeline import COLORS
+from esiwrap.tools.timeline import COLORS
 
 pytestmark = pytest.mark.system
 

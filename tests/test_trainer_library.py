@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 
 import esiwrap.trainer as esi
-from esiwrap.channel import SIGNAL_ENV, SOCKET_ENV, ChannelClient, ChannelServer, Message, decode
+from esiwrap.trainer.channel import SIGNAL_ENV, SOCKET_ENV, ChannelClient, ChannelServer, Message, decode
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import pytest
 
 import esiwrap.trainer as esi
-from esiwrap.channel import SOCKET_ENV, ChannelServer
+from esiwrap.trainer.channel import SOCKET_ENV, ChannelServer
 
 
 @pytest.fixture

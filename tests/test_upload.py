@@ -26,8 +26,8 @@ import pytest
 from esiwrap_harness import PYTHON, TINY_TRAINER, EsiwrapRun, processes_with_marker, wait_until
 from s3_store import S3Store
 
-from esiwrap.deadline.value import iso_epoch
 from esiwrap.errors import EXIT_CHECKPOINTED, EXIT_NOT_UPLOADED
+from esiwrap.times import iso_epoch
 
 pytestmark = [pytest.mark.system, pytest.mark.timeout(300)]
 QUICK = ["--deadline", "+45s", "--stop-grace", "5", "--redundant-time", "6", "--save-duration", "1",
@@ -152,7 +152,7 @@ def test_an_upload_that_cannot_end_before_the_deadline_is_cut_off_in_time(runs: 
 def test_upload_placeholders_are_quoted_and_the_checkpoint_is_in_the_environment(tmp_path: Path) -> None:
     """`{path}` reaches the command as one word however odd the path; `{step}` is the number, and
     ESIWRAP_CHECKPOINT_PATH / ESIWRAP_CHECKPOINT_STEP say the same."""
-    from esiwrap.upload import render
+    from esiwrap.shell.upload_process import render
 
     odd = str(tmp_path / "it's a dir; rm -rf $HOME" / "latest.pt")
     line = render("printf '%s\\n' {path} {step} \"$ESIWRAP_CHECKPOINT_PATH\" \"$ESIWRAP_CHECKPOINT_STEP\"",

@@ -14,9 +14,10 @@ from fakes.network import Blackhole, Silent, closed_port_url
 from fakes.volcengine_api import ACCESS_DENIED, THROTTLED, Failure, FakeVolcengineApi
 from thread_clock import waited
 
-from esiwrap.deadline import ask, parse_iso
-from esiwrap.deadline.metadata import VOLCENGINE, MetadataClient, Timeouts
-from esiwrap.deadline.volcengine_api import INSTALL_HINT, VolcengineSettings, VolcengineSource
+from esiwrap.sources.chain import ask
+from esiwrap.sources.metadata import VOLCENGINE, MetadataClient, Timeouts
+from esiwrap.sources.volcengine_api import INSTALL_HINT, VolcengineSettings, VolcengineSource
+from esiwrap.times import parse_iso
 
 pytestmark = pytest.mark.usefixtures("volcengine_credentials")
 
@@ -224,8 +225,8 @@ def test_help_and_core_do_not_import_the_sdk() -> None:
     code = (
         "import sys, contextlib, io\n"
         "from esiwrap.cli import main\n"
-        "from esiwrap.deadline.registry import DEFAULT_SOURCES, build_sources\n"
-        "from esiwrap.options import source_values\n"
+        "from esiwrap.sources.registry import DEFAULT_SOURCES, build_sources\n"
+        "from esiwrap.sources.registry import source_values\n"
         "with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):\n"
         "    main(['--help'])\n"
         "build_sources(DEFAULT_SOURCES, source_values(metadata_url='http://127.0.0.1:9'), {}, 0.0)\n"

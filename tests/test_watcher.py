@@ -10,10 +10,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from esiwrap import watcher as watcher_module
-from esiwrap.deadline import Answer, Deadline
+from esiwrap.core.values import Answer, Deadline
 from esiwrap.errors import SourceUnavailable
-from esiwrap.watcher import DeadlineWatcher
+from esiwrap.sources import watcher as watcher_module
+from esiwrap.sources.watcher import DeadlineWatcher
 
 
 class Blocking:

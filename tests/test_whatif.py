@@ -19,9 +19,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 from runners import run_esiwrap
 from traces import DeadlineChange, Scenario
 
-from esiwrap.deadline.value import iso_epoch
+from esiwrap.core.policy import PolicyConfig
 from esiwrap.errors import EXIT_CHECKPOINTED, EXIT_USAGE
-from esiwrap.policy import PolicyConfig
+from esiwrap.times import iso_epoch
 
 pytestmark = pytest.mark.system
 

@@ -141,7 +141,7 @@ def test_the_wheel_carries_every_file_of_the_package(built: Built) -> None:
         names = set(archive.namelist())
     packaged = {n for n in names if n.startswith("esiwrap/")}
     assert {"esiwrap/py.typed", "esiwrap/_bootstrap/sitecustomize.py",
-            "esiwrap/systemd/esiwrap@.service"} <= packaged
+            "esiwrap/shell/systemd/esiwrap@.service"} <= packaged
     assert source == packaged, (source ^ packaged)
     assert not [n for n in names if n.startswith(("tests/", "docs/", "examples/", "benchmarks/"))]
     with tarfile.open(built.sdist) as archive:

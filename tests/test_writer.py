@@ -1,5 +1,5 @@
-"""The writes the supervisor's loop never waits for (issue 24): files through `esiwrap.writer`,
-log lines through `esiwrap.log`'s background sink. A write that blocks (a busy disk, a reader that
+"""The writes the supervisor's loop never waits for (issue 24): files through `esiwrap.shell.writer`,
+log lines through `esiwrap.shell.log`'s background sink. A write that blocks (a busy disk, a reader that
 does not read) is simulated by a write that waits on an event the test sets."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import json
 import threading
 from pathlib import Path
 
-from esiwrap import log
-from esiwrap.files import write_atomic
-from esiwrap.writer import FileWriter
+from esiwrap.shell import log
+from esiwrap.shell.files import write_atomic
+from esiwrap.shell.writer import FileWriter
 
 
 class Gate:

@@ -31,7 +31,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from esiwrap.deadline import Answer, Source, ask_all, remote
+from esiwrap.core.values import Answer
+from esiwrap.sources import remote
+from esiwrap.sources.base import Source
+from esiwrap.sources.chain import ask_all
 
 __all__ = ["ClusterWatch", "NodeAnswers", "NodeWatch", "ask_cluster", "node_sources"]
 
@@ -63,8 +66,8 @@ def node_sources(environ: Mapping[str, str], now: float) -> list[Source]:
     Raises `UsageError` for a bad `ESIWRAP_*` value."""
     import argparse
 
-    from esiwrap.deadline.registry import build_sources
-    from esiwrap.options import SOURCE_OPTIONS, resolve_options
+    from esiwrap.optiontypes import resolve_options
+    from esiwrap.sources.registry import SOURCE_OPTIONS, build_sources
 
     values = resolve_options(argparse.Namespace(), SOURCE_OPTIONS, environ)
     return build_sources(values["sources"], values, environ, now)
@@ -85,7 +88,7 @@ class NodeWatch:
     """A Ray actor on one node: that node's sources, watched as esiwrap watches its own."""
 
     def __init__(self, node_id: str, address: str) -> None:
-        from esiwrap.watcher import DeadlineWatcher
+        from esiwrap.sources.watcher import DeadlineWatcher
 
         self._node = Node(node_id, address)
         sources, self._news = _sources_or_why(self._node, time.time())

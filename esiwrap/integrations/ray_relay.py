@@ -25,16 +25,16 @@ import signal
 import sys
 import threading
 
-from esiwrap import messages
 from esiwrap.envvars import CHAINED_RAY_ENV_HOOK, CHAINED_SETUP_HOOK_ENV, RELAY_ENV, SIGNAL_ENV
 from esiwrap.integrations.ray_kv import KvRelay, install_signal_flag, signal_flag
 from esiwrap.paths import package_dir
+from esiwrap.trainer import wire as messages
 
 TYPE_CHECKING = False  # workers import this at start-up: the typing module only for mypy
 if TYPE_CHECKING:
     from typing import Any
 
-    from esiwrap.channel import ChannelClient
+    from esiwrap.trainer.channel import ChannelClient
 
 __all__ = [
     "KvRelay",
@@ -92,7 +92,7 @@ class _Driver:
     """The relay between esiwrap's socket and the TaskRunner, living in the Ray driver."""
 
     def __init__(self) -> None:
-        from esiwrap.channel import ChannelClient
+        from esiwrap.trainer.channel import ChannelClient
 
         self.relay_id = ""
         self.client: ChannelClient = ChannelClient.from_env()
@@ -167,8 +167,8 @@ class _Driver:
     def _watch_the_other_nodes(self) -> None:
         """Their deadlines reach esiwrap as `deadline` messages (`ray_nodes`), on a client of
         their own: the relay thread sends on this one."""
-        from esiwrap.channel import ChannelClient
         from esiwrap.integrations.ray_nodes import ClusterWatch
+        from esiwrap.trainer.channel import ChannelClient
 
         client = ChannelClient.from_env()
         ClusterWatch(lambda fields: client.send(messages.DEADLINE, **fields)).start()

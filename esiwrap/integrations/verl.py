@@ -33,9 +33,9 @@ import os
 import sys
 import time
 
-from esiwrap import messages
 from esiwrap.envvars import SOCKET_ENV
 from esiwrap.integrations.verl_modules import VERL_LEGACY_MODULES, VERL_V1_MODULE
+from esiwrap.trainer import wire as messages
 
 TYPE_CHECKING = False  # loaded at every Ray worker's start-up: the typing module only for mypy
 if TYPE_CHECKING:
@@ -199,7 +199,7 @@ class _DirectChannel:
     """esiwrap's socket without the relay: requests are the save signals this process receives."""
 
     def __init__(self) -> None:
-        from esiwrap.channel import ChannelClient
+        from esiwrap.trainer.channel import ChannelClient
 
         self._client = ChannelClient.from_env()
 

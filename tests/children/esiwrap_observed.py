@@ -14,9 +14,9 @@ import selectors
 import sys
 import time
 
-from esiwrap.observe import Observer, ObserveSettings
-from esiwrap.snapshot import Snapshot
-from esiwrap.statusfile import default_status_file
+from esiwrap.core.snapshot import Snapshot
+from esiwrap.shell.observe import Observer, ObserveSettings
+from esiwrap.shell.statusfile import default_status_file
 
 
 def main() -> None:

@@ -1,0 +1,725 @@
+"""The thin `Controller`: each input goes to the part that owns it; the controller decides what
+follows, across parts; then the timers that fell due fire.
+
+Inputs go in with the time (`Now`: the wall clock for deadlines, the monotonic clock for waits),
+actions come out (signal these PIDs, stop the child, log this, keep the job's state, exit). The
+parts keep their own state and never call one another: the deadline book (`deadlines`), the trainer
+roster (`roster`), the save cycle (`saves`, with `misses` for why one was missed), the plan
+(`planning`), uploads and durability (`uploads`), the stop sequence and the drain (`stopping`), the
+storage probe (`probe`) and the advice for people (`advisories`). The mode changes only by a move of
+the one table in `modes`; each part names its timers (`timers`), and one order says which fires.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from esiwrap import events as ev
+from esiwrap.choices import LogLevel
+from esiwrap.core.controller.advisories import Advisories
+from esiwrap.core.controller.deadlines import DeadlineBook
+from esiwrap.core.controller.misses import miss_facts, never_came
+from esiwrap.core.controller.modes import Mode, Modes
+from esiwrap.core.controller.outbox import Outbox, rounded, rounded_opt
+from esiwrap.core.controller.planning import Planner
+from esiwrap.core.controller.probe import StorageProbe
+from esiwrap.core.controller.protocol import (
+    NO_FIELDS,
+    TRAINER_REPORTS,
+    Action,
+    Checkpoint,
+    CheckpointSize,
+    CheckTree,
+    ChildExited,
+    ChildStarted,
+    ControllerConfig,
+    DeadlineAnswers,
+    Exit,
+    FilesystemChecked,
+    Hello,
+    Input,
+    KeepState,
+    NotifyStopping,
+    Now,
+    ReleaseCapacity,
+    SaveBegin,
+    SaveEnd,
+    SaveSnapshot,
+    SendSignal,
+    SignalReceived,
+    Step,
+    StopCause,
+    StopChild,
+    StorageProbed,
+    TrainerGone,
+    TrainingStart,
+    TreeChecked,
+    UploadExited,
+    UploadStarted,
+)
+from esiwrap.core.controller.roster import Roster, Trainer
+from esiwrap.core.controller.saves import SaveCycle, SaveRequest
+from esiwrap.core.controller.stopping import StopSequence, StopState
+from esiwrap.core.controller.timers import Timer, TimerName, first_due, wait_s
+from esiwrap.core.controller.uploads import Uploads
+from esiwrap.core.policy import (
+    Capacity,
+    Observations,
+    Prior,
+    SavePlan,
+    renewal_reopens_insurance,
+    save_estimate_s,
+    step_estimate_s,
+)
+from esiwrap.core.snapshot import Snapshot
+from esiwrap.core.values import Deadline
+from esiwrap.errors import EXIT_CHECKPOINTED, EXIT_NOT_UPLOADED, EXIT_SAVE_MISSED
+
+MAX_FIRINGS = 8  # timers fired per wake-up: each firing changes the state; this only guards a bug
+
+
+class Controller:
+    """Inputs in, actions out. `handle`, `tick` and `finish` return the actions to carry out, in
+    order; `wake_at` and `snapshot` only tell."""
+
+    def __init__(self, config: ControllerConfig, prior: Prior | None = None,
+                 resume_from: Checkpoint | None = None) -> None:
+        self.config = config
+        self.out = Outbox()
+        self.obs = Observations(config.policy.step_window, prior)
+        self.modes = Modes()
+        self.book = DeadlineBook(self.out)
+        self.roster = Roster(config.signal_child)
+        self.saves = SaveCycle(self.out, self.obs)
+        self.planner = Planner(self.out, self.obs, config.policy, config.stop_grace_s, config.after_save)
+        self.uploads = Uploads(self.out, self.obs, config)
+        self.stopping = StopSequence(self.out, config.stop_grace_s)
+        self.probe = StorageProbe(self.out, self.obs, config.probe_storage, config.probe_dir)
+        self.advisories = Advisories(self.out, config.stop_budget_s, resume_from)
+        self._sigints = 0
+        self._routes: Mapping[type, Callable[[Any, Now], None]] = {
+            ChildStarted: self._on_child_started, Hello: self._on_hello,
+            CheckpointSize: self._on_checkpoint_size, StorageProbed: self._on_storage_probed,
+            TrainerGone: self._on_trainer_gone, Step: self._on_step,
+            SaveBegin: self._on_save_begin, SaveSnapshot: self._on_save_snapshot, SaveEnd: self._on_save_end,
+            DeadlineAnswers: self._on_deadline_answers, SignalReceived: self._on_signal_received,
+            ChildExited: self._on_child_exited, TreeChecked: self._on_tree_checked,
+            TrainingStart: self._on_training_start, UploadStarted: self._on_upload_started,
+            UploadExited: self._on_upload_exited, FilesystemChecked: self._on_filesystem_checked,
+        }
+        self._timer_handlers: Mapping[TimerName, Callable[[Now], None]] = {
+            "upload retry": self._retry_upload, "upload cut-off": self._upload_cut_off,
+            "linger": self._linger_over, "ack wait": self._ack_wait_over, "stop": self._stop_timer,
+            "deadline": self._deadline_reached, "unattached stop": self._nobody_to_save,
+            "save signal": self._save_signal_due, "storage probe": self._probe_again,
+            "upload decision": self._no_further_save,
+        }
+
+    # ------------------------------------------------------------------ what others read
+    @property
+    def mode(self) -> Mode:
+        return self.modes.mode
+
+    @property
+    def deadline(self) -> Deadline | None:
+        return self.book.deadline
+
+    @property
+    def plan(self) -> SavePlan | None:
+        return self.planner.plan
+
+    @property
+    def request(self) -> SaveRequest | None:
+        return self.saves.request
+
+    @property
+    def stop(self) -> StopState | None:
+        return self.stopping.stop
+
+    @property
+    def last_checkpoint(self) -> Checkpoint | None:
+        return self.saves.last_checkpoint
+
+    @property
+    def trainers(self) -> Mapping[int, Trainer]:
+        return self.roster.trainers
+
+    @property
+    def deadline_saves_done(self) -> int:
+        return self.planner.saves_done
+
+    # ------------------------------------------------------------------ the entry points
+    def handle(self, input_: Input, now: Now, *, fire_timers: bool = True) -> list[Action]:
+        """React to one input, then fire whatever timer it made due. Anything that is not an
+        `Input` is the caller's bug: TypeError at once. `fire_timers=False` leaves the timers to
+        `tick`: the shell applies every input that was waiting when its loop woke before a timer
+        that fell due meanwhile decides (a save_end read behind a step report, late)."""
+        if isinstance(input_, TRAINER_REPORTS) and not self.roster.attached(input_.pid):
+            return self.out.take()  # only a trainer that said hello reports steps and saves
+        self._route(input_, now)
+        if fire_timers:
+            self._fire_timers(now)
+        return self.out.take()
+
+    def _route(self, input_: Input, now: Now) -> None:
+        handler = self._routes.get(type(input_))
+        if handler is None:
+            msg = f"not an input of the controller: {input_!r}"
+            raise TypeError(msg)
+        handler(input_, now)
+
+    def tick(self, now: Now, late_s: float | None = None) -> list[Action]:
+        """The loop woke up (a timer, or anything else): fire the timers that are due; while
+        stopping, ask for the child's tree to be checked. `late_s`: how long after the wake-up the
+        loop asked for (`wake_at`) it got to run, when it slept until then; plans keep it as margin."""
+        if late_s is not None:
+            self.obs.timer_late.record(late_s)
+        self._fire_timers(now)
+        if self.mode in (Mode.STOPPING, Mode.KILLING) and not self.stopping.exited:
+            self.out.act(CheckTree())
+        return self.out.take()
+
+    def finish(self, now: Now) -> list[Action]:
+        """The shell is leaving (after `Exit`, or on a failure of its own): what must still be
+        carried out. The job's state, when anything was measured."""
+        if self.obs.saves or self.obs.last_step is not None:
+            self._keep_state()
+        return self.out.take()
+
+    def wake_at(self, now: Now) -> float | None:
+        """Seconds from `now` until a timer of the current mode is due (0: due now), or None."""
+        return wait_s(self._timers(), now)
+
+    def snapshot(self, now: Now, run_id: str, pid: int) -> Snapshot:
+        """What esiwrap knows now, as one value: the metrics, the status file, `esiwrap status`."""
+        return Snapshot(
+            time=now.wall, run_id=run_id, pid=pid, phase=self.mode.value,
+            step_estimate_s=self.current_step_estimate_s(), last_step=self.obs.last_step,
+            **self.roster.view(), **self.book.view(), **self.planner.view(self.mode), **self.saves.view(now),
+            **self.stopping.view(), **self.uploads.view(), **lateness(self.obs),
+        )
+
+    def capacity(self) -> Capacity:
+        """The capacity the policy plans with (kind and nodes), for the run's record in the job's
+        history: the record names what the learned rate rested on."""
+        return self.obs.capacity
+
+    def current_step_estimate_s(self) -> float | None:
+        return step_estimate_s(self.obs, self.config.policy)
+
+    # ------------------------------------------------------------------ timers
+    def _timers(self) -> list[Timer]:
+        mode, deadline = self.mode, self.book.deadline
+        return [*self.uploads.timers(self.stopping.exited), *self.stopping.timers(mode),
+                *self.book.timers(mode), *self.saves.timers(mode, deadline, self.config.stop_grace_s),
+                *self.planner.timers(mode, deadline), *self.probe.timers(mode, deadline)]
+
+    def _fire_timers(self, now: Now) -> None:
+        """Fire due timers until none is: a timer's action can make another one due at once (a save
+        asked for with nobody to take it, past its graceful stop)."""
+        for _ in range(MAX_FIRINGS):
+            timer = None if self.stopping.exited else first_due(self._timers(), now)
+            if timer is None:
+                return
+            self._timer_handlers[timer.name](now)
+
+    def _linger_over(self, now: Now) -> None:
+        self._begin_stop("checkpoint complete", EXIT_CHECKPOINTED, "deadline", now)
+
+    def _nobody_to_save(self, now: Now) -> None:
+        self._missed("no trainer attached to save", now, level="warning")
+
+    def _save_signal_due(self, now: Now) -> None:
+        self._request_save("deadline", now)
+
+    def _log(self, level: LogLevel, event: str, **fields: Any) -> None:
+        self.out.log(level, event, **fields)
+
+    def _remaining(self, now: Now) -> float | None:
+        return self.book.remaining_s(now)
+
+    # ------------------------------------------------------------------ the child and its trainers
+    def _on_child_started(self, started: ChildStarted, now: Now) -> None:
+        self.roster.child_started(started.pid)
+        settings = {"settings": dict(started.settings)} if started.settings else {}
+        host = {"host": started.host} if started.host else {}
+        self._log("info", ev.CHILD_STARTED, pid=started.pid, argv=list(started.argv), **host, **settings)
+
+    def _on_hello(self, hello: Hello, now: Now) -> None:
+        if hello.wants_signal and not hello.descendant:
+            # we only ever signal our own tree; relayed processes say signal=false
+            self._log("warning", ev.TRAINER_REJECTED, pid=hello.pid, reason="not a descendant of esiwrap")
+            return
+        more_nodes = self.roster.attach(hello, now.wall)
+        self._log("info", ev.TRAINER_ATTACHED, pid=hello.pid, **hello.fields)
+        self.obs.trainer_started(now.wall)
+        if more_nodes:
+            self._update_capacity()
+        self._sum_checkpoint_bytes()
+        self.probe.ask(self.roster.checkpoint_dir, previous=hello.resumed_from)
+        self._check_stop_budget()
+        request = self.saves.request
+        if request is not None and not self.config.signal_child and hello.wants_signal \
+                and hello.pid not in request.signalled:
+            self._signal([hello.pid])  # a save is due: this trainer joins it at once
+        self._replan(now)
+
+    def _on_checkpoint_size(self, size: CheckpointSize, now: Now) -> None:
+        if self.roster.said_checkpoint_size(size.pid, size.checkpoint_bytes):
+            self._sum_checkpoint_bytes()
+            self._replan(now)
+
+    def _sum_checkpoint_bytes(self) -> None:
+        size = self.roster.checkpoint_bytes()
+        if size is not None:
+            self.obs.checkpoint_size(size)
+
+    def _on_storage_probed(self, probed: StorageProbed, now: Now) -> None:
+        self.probe.probed(probed, now)
+        self._replan(now)
+
+    def _probe_again(self, now: Now) -> None:
+        self.probe.again(self.roster.checkpoint_dir)
+
+    def _on_trainer_gone(self, gone: TrainerGone, now: Now) -> None:
+        if self.roster.gone(gone.pid) and self.saves.request is not None:
+            self._check_acknowledged(now)  # it may have been the last one to wait for
+
+    def _on_child_exited(self, exited: ChildExited, now: Now) -> None:
+        stopping = self.stopping.stop is not None
+        fields: dict[str, Any] = {"pid": exited.pid, "code": exited.code, "signal": exited.signal}
+        if exited.signal == "SIGKILL" and not stopping:
+            fields["hint"] = "killed by SIGKILL: out of memory?"
+        self._log("info", ev.CHILD_EXITED, **fields)
+        self.roster.child_exited(exited)
+        if not stopping:
+            self._begin_stop("child exited", None, "child", now)
+
+    def _on_tree_checked(self, checked: TreeChecked, now: Now) -> None:
+        stop = self.stopping.stop
+        if stop is None or self.roster.child_status is None:
+            return
+        if self.stopping.tree_checked(checked.remaining):
+            self._exit(stop.reason, now)
+
+    # ------------------------------------------------------------------ trainer reports
+    def _on_step(self, report: Step, now: Now) -> None:
+        if report.pid != self.roster.timing_pid():
+            return
+        if report.delay_s is not None:
+            self.obs.report_delay.record(report.delay_s)
+        self.saves.boundary()
+        first = self.obs.last_step is None
+        interval = self.obs.record_step(report.step, report.duration_s, now.wall)
+        delay = {} if report.delay_s is None else {"delivery_s": rounded(report.delay_s)}
+        self._log("debug", ev.STEP_OBSERVED, step=report.step, duration_s=rounded(interval), **delay)
+        if first:  # the first boundary after a start from step s is s + 1
+            self.advisories.check_resume(max(0, report.step - 1), NO_FIELDS)
+        self._check_stop_budget()
+        self._replan(now)
+
+    def _on_training_start(self, start: TrainingStart, now: Now) -> None:
+        self.advisories.check_resume(max(0, start.step), start.fields)
+
+    def _adopt_peer_request(self, report: SaveBegin | SaveSnapshot | SaveEnd, now: Now) -> None:
+        """A save another node's esiwrap asked for (the ranks agreed on it in their all-reduce) is
+        this node's save too: the job ends after it on every node, so it becomes this node's
+        request, and esiwrap stops after it."""
+        if not report.peer or self.saves.request is not None or self.stopping.stop is not None:
+            return
+        self.saves.ask("peer", now, signalled={report.pid})
+        if self.mode is Mode.RUNNING:
+            self.modes.move("save asked")
+        self._log("info", ev.SAVE_REQUESTED, reason="peer", kind="peer", pids=[],
+                  remaining_s=self._remaining(now))
+
+    def _on_save_begin(self, begin: SaveBegin, now: Now) -> None:
+        self._adopt_peer_request(begin, now)
+        self.saves.begin(begin, now)
+
+    def _on_save_snapshot(self, snapshot: SaveSnapshot, now: Now) -> None:
+        self._adopt_peer_request(snapshot, now)
+        self.saves.snapshot(snapshot, now)
+
+    def _on_save_end(self, end: SaveEnd, now: Now) -> None:
+        if end.delay_s is not None:
+            self.obs.report_delay.record(end.delay_s)
+        if not end.ok:
+            self.saves.failed(end, now)
+            return  # the trainer keeps its flag and tries again at the next boundary
+        self._adopt_peer_request(end, now)
+        if self.saves.request is None:
+            self.obs.record_save(end.duration_s, now.wall)
+            self._save_completed(end.step, [end], now, requested=False)  # the trainer's own
+            self._replan(now)
+        elif self.saves.ended(end, self.roster.savers()):
+            self._acknowledged(now)
+
+    def _check_acknowledged(self, now: Now) -> None:
+        if self.saves.acknowledged_by(self.roster.savers()):
+            self._acknowledged(now)
+
+    def _acknowledged(self, now: Now) -> None:
+        """The save asked for is complete: stop after it if that was the point, else plan on."""
+        request, step, messages = self.saves.acknowledge(now)
+        self._save_completed(step, messages, now, requested=True, kind=request.kind)
+        if self.mode is Mode.DRAINING:
+            self.stopping.drained()
+            self._begin_stop(f"checkpoint complete after {request.reason}", EXIT_CHECKPOINTED,
+                             "sigterm" if request.reason == "sigterm" else "deadline", now)
+            return
+        if request.reason == "peer":  # the node that asked stops its ranks: the job ends here too
+            self._begin_stop("checkpoint complete after a peer node's request", EXIT_CHECKPOINTED, "peer",
+                             now)
+            return
+        if self.mode is Mode.SAVE_REQUESTED:
+            self.modes.move("acknowledged")
+        if request.reason in ("manual", "early_warning"):
+            return  # a save by hand, or on an early warning, changes nothing in the plan
+        self.planner.acknowledged(request.kind)
+        self._replan(now)
+
+    def _save_completed(self, step: int, messages: list[SaveEnd], now: Now, *, requested: bool,
+                        kind: str = "") -> None:
+        """A checkpoint of `step` is complete: count it, log it, upload it or look at what holds
+        it, keep the job's state (the next run plans with it even if this one dies)."""
+        self._check_stop_budget()
+        checkpoint = self.saves.complete(step, messages, now, self._remaining(now), requested=requested,
+                                         kind=kind)
+        self.uploads.checkpoint_completed(checkpoint, now, self.book.deadline)
+        self._keep_state()
+
+    def _keep_state(self) -> None:
+        obs = self.obs
+        self.out.act(KeepState(tuple(obs.intervals), tuple(d for _, d in obs.saves), tuple(obs.blocking),
+                               tuple(obs.uploads), self.uploads.durable, self.config.uploads))
+
+    def _check_stop_budget(self) -> None:
+        measured = self.obs.longest_save_s
+        save_s = measured if measured is not None else self.config.policy.save_duration_s
+        step_s = self.current_step_estimate_s() or 0.0
+        self.advisories.check_stop_budget(step_s, save_s, self.config.stop_grace_s)
+
+    # ------------------------------------------------------------------ uploads
+    def _on_filesystem_checked(self, checked: FilesystemChecked, now: Now) -> None:
+        self.uploads.filesystem_checked(checked)
+
+    def _on_upload_started(self, started: UploadStarted, now: Now) -> None:
+        self.uploads.started(started, now, self._remaining(now))
+
+    def _on_upload_exited(self, exited: UploadExited, now: Now) -> None:
+        deadline = self.book.deadline
+        ended = self.uploads.exited(exited, now, deadline, self.saves.last_checkpoint)
+        if ended is None:
+            return
+        if ended.completed:
+            self._keep_state()  # a durable checkpoint and an upload measured: the next run knows both
+        self.uploads.start_waiting(now, deadline, ended.cut_off)
+        if self.mode is Mode.UPLOADING:
+            if self.uploads.settle():
+                self._finish(self.uploads.exit_reason, now)
+        else:
+            self.planner.upload_ended()
+            self._replan(now)  # the upload is measured, and the next one need not wait for it
+
+    def _retry_upload(self, now: Now) -> None:
+        self.uploads.retry_now(now, self.book.deadline)
+
+    def _upload_cut_off(self, now: Now) -> None:
+        if self.uploads.cut_off_timer(now, self.book.deadline):
+            self._finish(self.uploads.exit_reason, now)
+
+    # ------------------------------------------------------------------ signals to esiwrap
+    def _on_signal_received(self, received: SignalReceived, now: Now) -> None:
+        """esiwrap's own signals (`esiwrap.signals.USED`); every other one goes to the child."""
+        match received.name:
+            case "SIGINT":
+                self._handle_sigint(now)
+            case "SIGTERM":
+                self._handle_sigterm(now)
+            case "SIGUSR1":
+                self._handle_sigusr1(now)
+            case other:
+                self._forward(other)
+
+    def _handle_sigint(self, now: Now) -> None:
+        self._sigints += 1
+        if self._sigints >= 2:
+            self._log("warning", ev.CHILD_STOPPING, signal="SIGKILL", grace_s=0, reason="second SIGINT")
+            self._begin_stop("interrupted twice", None, "by hand", now, immediate=True)
+        else:
+            self._forward("SIGINT")
+
+    def _handle_sigterm(self, now: Now) -> None:
+        if self.config.on_sigterm == "forward" or self.stopping.stop is not None:
+            self._forward("SIGTERM")
+            return
+        if self.mode is Mode.DRAINING:
+            return  # already turning a SIGTERM into a checkpoint
+        self.out.act(NotifyStopping())
+        saved = self._progress_is_saved()
+        if saved or not self.roster.signal_targets():
+            self._begin_stop("SIGTERM", EXIT_CHECKPOINTED if saved else None, "sigterm", now)
+            return
+        self._drain(now)
+        if self.saves.request is None:
+            self._request_save("sigterm", now)
+        else:
+            self.saves.retell("sigterm")
+
+    def _handle_sigusr1(self, now: Now) -> None:
+        if self.mode in (Mode.RUNNING, Mode.CONTINUING) and self.saves.request is None:
+            self._request_save("manual", now)
+
+    def _forward(self, name: str) -> None:
+        child = self.roster.child_pid
+        if child is not None and self.roster.child_status is None:
+            self.out.act(SendSignal((child,), name))
+
+    # ------------------------------------------------------------------ the deadline
+    def _on_deadline_answers(self, given: DeadlineAnswers, now: Now) -> None:
+        capacity_before = self.obs.capacity
+        cancelled = False  # the ruling deadline's own source took it back
+        for answer, news in self.book.take(given.answers):
+            cancelled |= news.cancelled
+            if news.early_warning:
+                self._early_warning(answer.source, news.early_warning, now)
+        self._update_capacity()
+        new = self.book.ruling()
+        if new is not None:
+            self._set_deadline(new, now)
+        elif cancelled:  # and no other source knows one; a node that left keeps the last one instead
+            self._deadline_gone()
+        elif self.obs.capacity != capacity_before:
+            self._replan(now)
+
+    def _update_capacity(self) -> None:
+        self.obs.capacity_is(self.book.capacity(self.roster.nodes))
+
+    def _deadline_gone(self) -> None:
+        """No deadline any more: nothing is planned until a new one comes, and that one is planned
+        afresh (a new insurance save)."""
+        self.book.forget()
+        self.planner.forget()
+        if self.mode is Mode.CONTINUING:
+            self.modes.move("deadline gone")
+
+    def _early_warning(self, source: str, warning: str, now: Now) -> None:
+        """A new early warning (EC2 rebalance: elevated risk of interruption) asks for a save now,
+        once per warning: not a deadline, so the plan stays as it is."""
+        why_not = self._why_no_save_now()
+        self._log("warning", ev.EARLY_WARNING, source=source, reason=warning, action=why_not or "save now")
+        if why_not is None:
+            self._request_save("early_warning", now)
+
+    def _why_no_save_now(self) -> str | None:
+        if self.stopping.stop is not None or self.mode in (Mode.DRAINING, Mode.STOPPING, Mode.KILLING):
+            return "none: stopping"
+        if self.saves.request is not None:
+            return "none: a save is under way"
+        if self._progress_is_saved():
+            return "none: the latest step is saved"
+        if not self.roster.signal_targets():
+            return "none: no trainer attached"
+        return None
+
+    def _set_deadline(self, new: Deadline, now: Now) -> None:
+        adopted, old = self.book.adopt(new, now, self.obs.capacity)
+        if not adopted:
+            return
+        later = old is None or new.at > old.at
+        if self.mode is Mode.CONTINUING and later:
+            self.modes.move("deadline renewed")
+            self.planner.renewed()
+        elif old is not None and later and self._renewal_fits_insurance(new.at, now):
+            self.planner.reopen()
+        if new.at <= now.wall and self.mode in (Mode.RUNNING, Mode.SAVE_REQUESTED):
+            self._deadline_already_passed(now)
+            return
+        self._replan(now)
+
+    def _renewal_fits_insurance(self, deadline: float, now: Now) -> bool:
+        """A later deadline while running, after a save: is there room for a new insurance save?"""
+        if self.mode is not Mode.RUNNING or self.planner.saves_done == 0:
+            return False
+        return renewal_reopens_insurance(deadline, self.obs, self.config.policy, now.wall)
+
+    def _deadline_already_passed(self, now: Now) -> None:
+        """Learned too late: save at once if anything can, give it --stop-grace, then stop."""
+        self._log("warning", ev.DEADLINE_TOO_CLOSE, remaining_s=self._remaining(now), needed_s=None,
+                  action="save now, then stop")
+        if self.saves.request is None:
+            self._request_save("deadline", now)
+        if self.mode is Mode.SAVE_REQUESTED:
+            self._drain(now)
+
+    def _deadline_reached(self, now: Now) -> None:
+        if self.saves.last_checkpoint is not None:
+            self._begin_stop("deadline reached", EXIT_CHECKPOINTED, "deadline", now)
+            return
+        self._missed("deadline passed without an acknowledged save", now)
+
+    def _missed(self, reason: str, now: Now, level: LogLevel = "error") -> None:
+        """No checkpoint, and none can come now: say why (the last plan, the signal, what was late,
+        what never came), then stop with exit 76."""
+        self.saves.missed()
+        facts = miss_facts(self.saves.request, self.planner.plan, self.obs, now, self._never_came(now))
+        self._log(level, ev.SAVE_MISSED, remaining_s=self._remaining(now), reason=reason, **facts)
+        self._begin_stop(f"{reason}: {facts['never_came'][0]}", EXIT_SAVE_MISSED, "deadline", now)
+
+    def _never_came(self, now: Now) -> list[str]:
+        return never_came(self.saves.request, now, attached_once=self.roster.attached_once,
+                          savers=self.roster.savers(), last_error=self.saves.last_error)
+
+    # ------------------------------------------------------------------ planning
+    def _replan(self, now: Now) -> None:
+        deadline = self.book.deadline
+        if self.mode is not Mode.RUNNING or deadline is None:
+            return
+        if self.planner.replan(deadline, now, self._remaining(now)) is None:
+            self._no_further_save(now)
+
+    def _no_further_save(self, now: Now) -> None:
+        """The last planned save is done: stop, or let training go on (`--after-save`)."""
+        match self.planner.after_last_save(self.book.deadline, now, upload_running=self.uploads.running()):
+            case "continue" | "linger":
+                self.modes.move("no further save")
+            case "stop":
+                self._begin_stop("checkpoint complete", EXIT_CHECKPOINTED, "deadline", now)
+
+    def _request_save(self, reason: str, now: Now) -> None:
+        targets = self.roster.signal_targets()
+        if not targets and reason == "manual":
+            self._log("warning", ev.NO_TRAINER_ATTACHED, action="ignored", reason=reason)
+            return
+        request = self.saves.ask(reason, now, self.planner.plan if reason == "deadline" else None)
+        if self.mode is Mode.RUNNING:  # a save by hand while continuing keeps continuing
+            self.modes.move("save asked")
+        # Nothing registered (yet): a trainer that attaches in time is signalled at once; otherwise
+        # the child is stopped gracefully, --stop-grace before the deadline.
+        unattached = self.saves.unattached_stop_at(self.mode, self.book.deadline, self.config.stop_grace_s)
+        self.saves.announce(request, now, targets, self.config.save_signal, self._remaining(now), unattached)
+        if targets:
+            self._signal(targets)
+
+    def _signal(self, pids: list[int]) -> None:
+        self.saves.signalled(pids)
+        self.out.act(SendSignal(tuple(pids), self.config.save_signal))
+
+    def _progress_is_saved(self) -> bool:
+        return self.saves.progress_is_saved(self.obs.last_step)
+
+    # ------------------------------------------------------------------ draining and stopping
+    def _drain(self, now: Now) -> None:
+        """Stop once the outstanding save is acknowledged; wait for it up to --stop-grace."""
+        self.modes.move("drain")
+        self.stopping.drain(now)
+        self.stopping.extend_timeout(self.mode, now)
+
+    def _ack_wait_over(self, now: Now) -> None:
+        """--stop-grace after a SIGTERM (or a deadline learned too late) is over."""
+        if self._save_being_written_may_finish(now):
+            return
+        self.stopping.drained()
+        saved = self._progress_is_saved()
+        deadline = self.book.deadline
+        if not saved and deadline is not None and now.wall >= deadline.at:
+            self._missed("deadline passed without an acknowledged save", now)
+            return
+        self.saves.missed()
+        self._log("warning", ev.SAVE_MISSED, remaining_s=self._remaining(now),
+                  reason="no acknowledgement within --stop-grace", never_came=self._never_came(now))
+        if saved:
+            self._begin_stop("stop requested, latest step already saved", EXIT_CHECKPOINTED, "sigterm", now)
+        else:
+            self._begin_stop("SIGTERM", None, "sigterm", now)
+
+    def _save_being_written_may_finish(self, now: Now) -> bool:
+        """A save is being written: do not kill it while it can still finish in time. True when
+        the wait was extended for it."""
+        request = self.saves.request
+        if request is None or request.save_started_mono is None:
+            return False
+        estimate = save_estimate_s(self.obs, self.config.policy)
+        return self.stopping.wait_for_save(request.save_started_mono, estimate, self.book.deadline, now)
+
+    def _begin_stop(self, reason: str, exit_status: int | None, cause: StopCause, now: Now, *,
+                    immediate: bool = False) -> None:
+        if self.stopping.stop is not None:
+            if immediate:
+                self._escalate(reason, now)
+            return
+        self.modes.move("stop")
+        self.planner.stopped()
+        self.stopping.begin(reason, exit_status, cause, now)
+        self.out.act(NotifyStopping())
+        self.stopping.extend_timeout(self.mode, now)
+        if self.roster.child_status is not None:
+            self._stop_sigterm_savers()
+            return  # the child is gone already: the tree check decides when we are done
+        if immediate:
+            self.out.act(StopChild(None))
+            self._kill(now)
+            return
+        signal = self.roster.child_stop_signal(self.config.stop_signal)
+        self._log("info", ev.CHILD_STOPPING, signal=signal, grace_s=self.config.stop_grace_s, reason=reason)
+        self.out.act(StopChild(signal))
+        self._stop_sigterm_savers()
+
+    def _escalate(self, reason: str, now: Now) -> None:
+        """A second SIGINT while stopping: SIGKILL the tree, or the upload esiwrap waits for."""
+        if self.mode is Mode.STOPPING:
+            self._kill(now)
+        elif self.mode is Mode.UPLOADING and self.uploads.cut_off_now(reason, now):
+            self._finish(self.uploads.exit_reason, now)
+
+    def _stop_sigterm_savers(self) -> None:
+        """A trainer below the child that takes SIGTERM as a save request would outlive the SIGTERM
+        its launcher passes on: it gets its own stop signal directly."""
+        for name, pids in self.roster.sigterm_savers().items():
+            self.out.act(SendSignal(tuple(pids), name))
+
+    def _kill(self, now: Now) -> None:
+        self.modes.move("kill")
+        self.stopping.kill(now)
+
+    def _stop_timer(self, now: Now) -> None:
+        stop = self.stopping.stop
+        assert stop is not None
+        if self.mode is Mode.STOPPING:
+            self._kill(now)
+        else:
+            self._exit(stop.reason + " (processes survived SIGKILL)", now)
+
+    def _exit(self, reason: str, now: Now) -> None:
+        """The child's tree is gone: exit, once the last checkpoint's upload has ended."""
+        if self.uploads.outstanding() and self.mode is not Mode.UPLOADING:
+            self.modes.move("await upload")
+            if self.uploads.await_at_stop(reason, now, self.book.deadline):
+                self._finish(self.uploads.exit_reason, now)
+            return
+        self._finish(reason, now)
+
+    def _finish(self, reason: str, now: Now) -> None:
+        if self.stopping.exited:
+            return
+        code = self.stopping.exit_code(self.roster.child_status)
+        last = self.saves.last_checkpoint
+        if code == EXIT_CHECKPOINTED and self.config.uploads and not self.uploads.last_uploaded(last):
+            code, reason = EXIT_NOT_UPLOADED, f"{reason}; {self.uploads.not_uploaded_reason(last)}"
+        self.stopping.exited = True
+        if code == EXIT_CHECKPOINTED:
+            self.out.act(ReleaseCapacity())
+        self.out.act(Exit(code, reason, self.stopping.stop.cause if self.stopping.stop else ""))
+
+
+def lateness(obs: Observations) -> dict[str, Any]:
+    """The snapshot's lateness figures (None before anything was measured)."""
+    timers, reports = obs.timer_late, obs.report_delay
+    return {
+        "timer_late_p99_s": rounded_opt(timers.quantile_s(0.99)),
+        "timer_late_max_s": rounded(timers.max_s) if timers.count else None,
+        "report_delay_p99_s": rounded_opt(reports.quantile_s(0.99)),
+        "report_delay_max_s": rounded(reports.max_s) if reports.count else None,
+    }

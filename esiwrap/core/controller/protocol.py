@@ -1,0 +1,325 @@
+"""What goes into the decision core and what comes out of it: the inputs (what happened), the
+actions (what to do), the configuration, the time, and the constants the parts share.
+
+An input is what happened (a trainer's report, a signal, a deadline answer: the `Input` union);
+"event" is kept for the log's event names (`esiwrap.events`). Inputs and actions are NamedTuples:
+as light to make as a tuple, and cheap to define (esiwrap's start-up imports them all).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Literal, NamedTuple
+
+from esiwrap.choices import AfterSave, LogLevel, OnSigterm
+from esiwrap.core.policy import PolicyConfig
+from esiwrap.core.values import Answer
+
+KILL_WAIT_S = 5.0  # after SIGKILL, how long to wait for the tree to vanish
+STOP_TIMEOUT_MARGIN_S = 5.0  # asked of systemd on top of our own stop timeline
+DEADLINE_CHANGE_S = 1.0  # smaller moves are the same deadline said twice
+SAVE_WRITE_GRACE_FACTOR = 3.0  # a save being written may run this many estimates before it is cut off
+UPLOAD_TERM_GRACE_S = 2.0  # an upload cut off gets SIGTERM, then SIGKILL this much later
+UPLOAD_EXIT_MARGIN_S = 1.0  # ...and esiwrap is gone this much before the deadline
+# A failed upload of the newest checkpoint is tried again as long as no newer checkpoint replaces
+# it: after these waits, then waits that double up to UPLOAD_RETRY_MAX_S. Once the child has
+# stopped, each wait is cut short so that an attempt of the expected length still ends before the
+# cut-off; when none can, esiwrap gives up (exit 74).
+UPLOAD_RETRY_S = (5.0, 30.0)  # the waits before the second and the third attempt
+UPLOAD_RETRY_MAX_S = 300.0
+
+
+NO_FIELDS: Mapping[str, Any] = MappingProxyType({})
+
+
+class Now(NamedTuple):
+    wall: float  # epoch seconds: deadlines
+    mono: float  # monotonic seconds: waits and grace periods
+
+
+@dataclass(frozen=True)
+class ControllerConfig:
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    save_signal: str = "SIGUSR1"
+    stop_signal: str = "SIGTERM"
+    stop_grace_s: float = 30.0
+    after_save: AfterSave = "stop"
+    on_sigterm: OnSigterm = "checkpoint"
+    signal_child: bool = False
+    stop_budget_s: float | None = None  # what the platform gives a stop before SIGKILL, if declared
+    probe_storage: bool = True  # measure the checkpoint storage's speed before the first save
+    probe_dir: str | None = None  # where to probe when no trainer names its checkpoint directory
+    local_checkpoints_survive: bool = False  # no checkpoint_not_durable warning for a local disk
+
+    @property
+    def uploads(self) -> bool:
+        """`--upload` is set: a checkpoint is durable once its upload completed."""
+        return self.policy.uploads
+
+
+# ---------------------------------------------------------------------------------- inputs
+class ChildStarted(NamedTuple):
+    pid: int
+    argv: tuple[str, ...] = ()
+    settings: Mapping[str, Any] = NO_FIELDS  # the run options, for the log
+    host: str = ""  # the machine's name: which instance this run was on (`esiwrap report`)
+
+
+class Hello(NamedTuple):
+    pid: int
+    rank: int = 0
+    saves: bool = True
+    wants_signal: bool = True
+    stop_signal: str | None = None
+    descendant: bool = True  # the shell checked: the process is in esiwrap's own tree
+    fields: Mapping[str, Any] = NO_FIELDS
+    checkpoint_bytes: float | None = None  # what this process writes of a checkpoint, if it said
+    checkpoint_dir: str | None = None  # where its checkpoints go (the storage to probe)
+    resumed_from: str | None = None  # the checkpoint it resumed from (its files are a measurement)
+    nodes: int | None = None  # how many nodes its job spans, if it said (torchrun: world / local)
+    sigterm_saves: bool = False  # it takes SIGTERM as a save request (in a Slurm job)
+
+
+class CheckpointSize(NamedTuple):
+    """A trainer says (again) how many bytes its part of a checkpoint holds."""
+
+    pid: int
+    checkpoint_bytes: float
+
+
+class StorageProbed(NamedTuple):
+    """The shell measured how fast the checkpoint's storage takes writes (a bounded, fsync'd write
+    in the background, or the previous checkpoint's files)."""
+
+    path: str
+    bandwidth_bps: float | None  # None: the probe failed (`error` says why)
+    written_bytes: float = 0.0  # what the probe wrote, or what the previous checkpoint holds
+    seconds: float = 0.0
+    source: str = "probe"  # or "previous checkpoint"
+    error: str = ""
+
+
+class TrainerGone(NamedTuple):
+    """A trainer said bye, or its process exited."""
+
+    pid: int
+
+
+class Step(NamedTuple):
+    pid: int
+    step: int
+    duration_s: float
+    delay_s: float | None = None  # how long the report took to reach esiwrap, where the shell knows
+
+
+class SaveBegin(NamedTuple):
+    pid: int
+    step: int
+    peer: bool = False  # another node's esiwrap asked for this save (multi-node torchrun)
+
+
+class SaveSnapshot(NamedTuple):
+    """An asynchronous save's blocking part is done: training goes on while the write continues."""
+
+    pid: int
+    step: int
+    duration_s: float = 0.0
+    peer: bool = False
+
+
+class SaveEnd(NamedTuple):
+    pid: int
+    step: int
+    ok: bool = True
+    duration_s: float = 0.0
+    path: str = ""
+    error: str = ""
+    peer: bool = False
+    delay_s: float | None = None  # how long the report took to reach esiwrap, where the shell knows
+
+
+class TrainingStart(NamedTuple):
+    """Where the trainer's training starts: the step its state was at (verl: the global step after
+    loading its checkpoint; 0 from scratch), with what it says about how it resumes."""
+
+    pid: int
+    step: int
+    fields: Mapping[str, Any] = NO_FIELDS
+
+
+class UploadStarted(NamedTuple):
+    """The upload helper asked for by `StartUpload` runs."""
+
+    pid: int
+
+
+class UploadExited(NamedTuple):
+    """The upload helper ended (code 0: the checkpoint is uploaded), or could not start (`error`)."""
+
+    pid: int
+    code: int | None  # None when killed by a signal or never started
+    signal: str | None = None
+    stderr: tuple[str, ...] = ()  # its last lines
+    error: str = ""  # why it could not start
+
+
+class FilesystemChecked(NamedTuple):
+    """What holds a checkpoint's path (`esiwrap.shell.durability`): kind local, memory, network, fuse,
+    cluster or unknown."""
+
+    path: str
+    kind: str
+    fstype: str
+    mount_point: str = ""
+    source: str = ""
+
+
+class DeadlineAnswers(NamedTuple):
+    answers: tuple[Answer, ...]
+
+
+class SignalReceived(NamedTuple):
+    """A signal to esiwrap (never SIGCHLD: reaping is the shell's, reported as `ChildExited`)."""
+
+    name: str  # "SIGTERM"
+
+
+class ChildExited(NamedTuple):
+    pid: int
+    code: int | None  # None when killed by a signal
+    signal: str | None = None
+    signum: int = 0
+
+
+class TreeChecked(NamedTuple):
+    """While stopping, after every wake-up: how many processes of the child's tree are left."""
+
+    remaining: int
+
+
+Input = (
+    ChildStarted | Hello | CheckpointSize | StorageProbed | TrainerGone | Step | SaveBegin | SaveSnapshot
+    | SaveEnd | DeadlineAnswers | SignalReceived | ChildExited | TreeChecked | TrainingStart | UploadStarted
+    | UploadExited | FilesystemChecked
+)
+
+
+# ---------------------------------------------------------------------------------- actions
+class SendSignal(NamedTuple):
+    pids: tuple[int, ...]
+    signal: str
+
+
+class StopChild(NamedTuple):
+    """Remember the child's tree, then send the child the first signal of the stop sequence
+    (None: only remember the tree, a KillTree follows)."""
+
+    signal: str | None
+
+
+class KillTree:
+    """SIGKILL to every remaining process of the child's tree."""
+
+
+class TermLeftovers:
+    """The child is gone: SIGTERM to what is left of its tree."""
+
+
+class CheckTree:
+    """While stopping, after every wake-up: reap, and report what is left of the child's tree
+    (`TreeChecked`)."""
+
+
+class KeepState(NamedTuple):
+    """Write the job's state file (`--state-file`), if there is one: what this run measured, after
+    every completed save and upload and once as the shell leaves (`Controller.finish`)."""
+
+    steps: tuple[float, ...]  # the step window
+    saves: tuple[float, ...]  # this run's save durations
+    blocking: tuple[float, ...]  # how long each save esiwrap asked for stopped training
+    uploads: tuple[float, ...] = ()  # this run's completed uploads' durations (`--upload`)
+    checkpoint: Checkpoint | None = None  # this run's last durable checkpoint, if any
+    uploaded: bool = False  # ...durable because its upload completed (else: it completed)
+
+
+class Log(NamedTuple):
+    level: LogLevel
+    event: str
+    fields: Mapping[str, Any]
+
+
+class NotifyStopping:
+    """Tell the service manager we are on our way out."""
+
+
+class ExtendStopTimeout(NamedTuple):
+    seconds: float
+
+
+class ReleaseCapacity:
+    """Exit 75 and the child's tree is gone: the run is done with this capacity, so the sources
+    may let their platform go ahead (Azure `--azure-ack`: approve the scheduled event)."""
+
+
+StopCause = Literal["deadline", "sigterm", "child", "peer", "by hand", ""]
+"""Why a run stopped, for the job's history (`esiwrap.core.history.ending_of`): its deadline (the
+planned saves are done, or it came), a SIGTERM from outside, the child's own end, another node's
+save, a second Ctrl-C."""
+
+
+class Exit(NamedTuple):
+    code: int
+    reason: str
+    cause: StopCause = ""  # "" only where no stop began (never from the controller)
+
+
+class ProbeStorage(NamedTuple):
+    """Measure, off the loop, how fast `path`'s filesystem takes a bounded fsync'd write, and what
+    the checkpoint `previous` (if any) holds and how long its files took to write; report each as
+    StorageProbed."""
+
+    path: str | None
+    previous: str | None = None
+    max_bytes: int | None = None  # write no more than this (a checkpoint smaller than the probe)
+
+
+class StartUpload(NamedTuple):
+    """Run the `--upload` command for this checkpoint (the shell reports UploadStarted or
+    UploadExited)."""
+
+    step: int
+    path: str
+    attempt: int = 1
+
+
+class StopUpload(NamedTuple):
+    """Send this signal to the running upload's process group (it is being cut off)."""
+
+    signal: str
+
+
+class CheckFilesystem(NamedTuple):
+    """Find out what holds this checkpoint path, off the loop (the shell reports FilesystemChecked)."""
+
+    path: str
+
+
+TRAINER_REPORTS = (Step, SaveBegin, SaveSnapshot, SaveEnd, CheckpointSize, TrainingStart)
+
+Action = (
+    SendSignal | StopChild | KillTree | TermLeftovers | CheckTree | Log | NotifyStopping | ExtendStopTimeout
+    | KeepState | ReleaseCapacity | Exit | ProbeStorage | StartUpload | StopUpload | CheckFilesystem
+)
+PROBE_REPEAT_S = 6 * 3600.0  # while no save is measured, probe the storage again this often
+
+
+class Checkpoint(NamedTuple):
+    """A completed save: the step it holds, the wall time it completed (acknowledged), and where
+    the trainer wrote it ("" when it named no path). (The boundary it was taken at, from which
+    work is at risk, is `Observations.checkpoint_at`.)"""
+
+    step: int
+    completed_at: float
+    path: str = ""

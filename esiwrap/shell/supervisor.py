@@ -1,0 +1,709 @@
+"""The supervisor: the I/O shell around the decision core (`esiwrap.core.controller`).
+
+One thread, one selector. The loop blocks on the signal wakeup pipe, the trainer channel, the
+deadline watcher's wake socket, a pidfd per attached trainer and (while stopping) pidfds of the
+child's tree, with a timeout the controller sets (`wake_at`). Signal handlers do nothing in
+Python: `signal.set_wakeup_fd` writes the signal number to the wakeup pipe, which `esiwrap.shell.early`
+set up first thing at start (signals that came while esiwrap loaded wait there). Everything that
+happens becomes an input for the controller, with the time; every input of a wake-up is applied
+before the timers that fell due fire (`tick`). The controller's actions (signal these PIDs, stop
+the child, log, keep the job's state, check the tree, start or stop an upload, look at the
+checkpoint's filesystem, exit) are carried out here. The loop never waits on a disk
+or a log reader: the state, status and metrics files are written by a thread of their own
+(`esiwrap.shell.writer`), and so are the log's lines (`esiwrap.shell.log`). The `--upload` helper is the
+shell's own child, reaped in the loop like the rest; what holds a checkpoint is looked at on a
+thread (a stat can hang on a dead mount).
+Nothing here decides, and nothing here reads the controller's state but its `snapshot` (for the
+status line, the metrics and the status file).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import queue
+import selectors
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from esiwrap import events as ev
+from esiwrap.core import controller as core
+from esiwrap.core import history, state
+from esiwrap.core.controller import Controller, ControllerConfig, Now
+from esiwrap.core.snapshot import Snapshot
+from esiwrap.envvars import HOOK_SWITCH_ENV, RUN_ID_ENV, SIGNAL_ENV, SOCKET_ENV, TRAINER_SIGTERM_SAVE
+from esiwrap.errors import (
+    EXIT_CHECKPOINTED,
+    EXIT_FAILURE,
+    EXIT_NO_PROGRESS,
+    EXIT_NOT_EXECUTABLE,
+    CommandError,
+    Halt,
+)
+from esiwrap.paths import bootstrap_dir
+from esiwrap.shell import durability, early, process, statefile, systemd
+from esiwrap.shell import upload_process as upload
+from esiwrap.shell.log import get_logger
+from esiwrap.shell.observe import Observer, ObserveSettings
+from esiwrap.shell.storage_probe import StorageProber
+from esiwrap.shell.tree import ProcessTree
+from esiwrap.shell.writer import FileWriter
+from esiwrap.signals import signal_label, signal_number
+from esiwrap.sources import remote
+from esiwrap.sources.base import Source
+from esiwrap.sources.chain import ask, release
+from esiwrap.sources.watcher import DeadlineWatcher
+from esiwrap.trainer import wire as messages
+from esiwrap.trainer.channel import ChannelServer, Message
+
+MAX_WAIT_S = 60.0  # re-read the wall clock at least this often: it can jump
+POLL_WITHOUT_PIDFD_S = 0.2  # only while stopping, on kernels without pidfd_open
+FILES_AT_EXIT_S = 10.0  # leaving waits this long at most for the last state and status writes
+HAS_PIDFD = hasattr(os, "pidfd_open")
+LogNote = tuple[str, str, dict[str, Any]]  # level, event, fields
+MAX_NODES = 1 << 20  # a hello's node count beyond this is not one
+MAX_REPORT_DELAY_S = 3600.0  # a report "later" than this was stamped by another machine's clock
+RESERVED_HELLO_KEYS = frozenset({"type", "pid", "event", "level", "timestamp", "run_id", "sent_mono"})
+
+
+@dataclass(frozen=True)
+class SupervisorConfig:
+    argv: Sequence[str]
+    controller: ControllerConfig = field(default_factory=ControllerConfig)  # `options.controller_config`
+    run_id: str = ""
+    state_file: str | None = None
+    settings: Mapping[str, Any] = field(default_factory=dict)  # the run options, logged at start
+    child_env: Mapping[str, str] = field(default_factory=dict)  # added for the platform (Slurm's)
+    upload: str | None = None  # `--upload CMD`: run after each completed save ({path}, {step})
+    max_no_progress_runs: int = 3  # `--max-no-progress-runs`: the guard (0: off)
+
+
+class Supervisor:
+    def __init__(
+        self,
+        config: SupervisorConfig,
+        sources: Sequence[Source],
+        environ: Mapping[str, str] | None = None,
+        clock: Callable[[], float] = time.time,
+        observe: ObserveSettings | None = None,
+        before_checkpointed_exit: Callable[[], LogNote] | None = None,
+    ) -> None:
+        self.config = config
+        self._before_checkpointed_exit = before_checkpointed_exit  # the Slurm requeue
+        self.log = get_logger()
+        started, host = clock(), socket.gethostname()
+        self._job_state, state_note = _load_state(config.state_file, started)
+        if self._job_state is not None:
+            self._job_state = self._job_state.starting(started, host)  # runs that vanished: interrupted
+        prior = self._job_state.prior(started) if self._job_state is not None else None
+        resume_from = self._job_state.checkpoint if self._job_state is not None else None
+        # This run's record in the job's history (`esiwrap.core.history`): written as the child starts,
+        # refreshed every HEARTBEAT_S and at every state write, closed with how the run ended.
+        start_step = resume_from.step if resume_from is not None else None
+        self._run = history.RunRecord(started, started, config.run_id, start_step=start_step,
+                                      end_step=start_step, host=host)
+        self._kept: core.KeepState | None = None  # the controller's latest KeepState
+        self._heartbeat_at = time.monotonic() + history.HEARTBEAT_S
+        self.controller = Controller(config.controller, prior=prior, resume_from=resume_from)
+        self._state_note = state_note  # logged once the child runs
+        self._state_failed = False
+        self._child_pid: int | None = None  # what we spawned...
+        self._child_reaped = False  # ...and whether its exit was collected
+        self._stopping = False  # the controller asked for the tree to be checked: it stops for good
+        self._queued: list[core.Input] = []  # what carrying out actions produced, fed next
+        self._feeding = False
+        self._upload: upload.UploadProcess | None = None
+        self._background: queue.SimpleQueue[core.Input] = queue.SimpleQueue()  # from helper threads
+        self._environ = dict(os.environ if environ is None else environ)
+        self._clock = clock
+        self._sources = list(sources)
+        # Sources whose answer cannot change are local and instant: asked before the child starts.
+        self._static = [s for s in sources if s.period_s is None]
+        self._selector = selectors.DefaultSelector()
+        self._tree = ProcessTree(self._selector)
+        self._trainer_fds: dict[int, int] = {}  # pid -> pidfd
+        self._channel: ChannelServer | None = None
+        self._signals: early.Caught | None = None  # the wakeup pipe, once `run` caught the signals
+        self._wake_r, self._wake_w = socket.socketpair()
+        for sock in (self._wake_r, self._wake_w):
+            sock.setblocking(False)  # a full buffer drops a wake-up byte; it never blocks a thread
+        self._watcher = DeadlineWatcher([s for s in sources if s.period_s is not None], self._wake_w)
+        self._prober = StorageProber(self._poke)  # the checkpoint storage's speed, off the loop
+        self._systemd = systemd.Notifier.from_environ(self._environ)
+        self._files = FileWriter()  # the state, status and metrics files, off the loop
+        self._observer = Observer(self._selector, observe or ObserveSettings(), self._files)
+
+    # ------------------------------------------------------------------ lifecycle
+    def run(self) -> int:
+        """Supervise until the child and its tree are gone; return esiwrap's exit status."""
+        self._signals = early.catch()  # already done by the `esiwrap` executable, before its imports
+        try:
+            self._no_progress_guard()
+            self._channel = ChannelServer()
+            self._start_child()
+            self._watcher.start()
+            self._loop()
+        except Halt as halt:
+            self._end_run(halt.cause)
+            return self._exit(halt.reason, halt.exit_status)
+        except CommandError as exc:
+            self.log.error(ev.COMMAND_FAILED, reason=str(exc))
+            self._end_run()
+            return self._exit(str(exc), exc.exit_status)
+        except Exception as exc:  # a bug of ours: say so in one line, leave the child a clean stop
+            self.log.error(ev.SUPERVISOR_FAILED, error=f"{type(exc).__name__}: {exc}", exc_info=True)
+            self._forward_stop_signal()
+            self._end_run()
+            return self._exit(f"internal error: {exc}", EXIT_FAILURE)
+        finally:
+            self._close()
+        return self._exit("loop ended", EXIT_FAILURE)  # pragma: no cover - the loop only halts
+
+    def _exit(self, reason: str, code: int) -> int:
+        if code == EXIT_CHECKPOINTED and self._before_checkpointed_exit is not None:
+            # Last, once the child's tree is gone: a Slurm requeue signals every process of the job.
+            level, event, fields = self._before_checkpointed_exit()
+            getattr(self.log, level)(event, **fields)
+        snapshot = self._snapshot()
+        self.log.info(ev.SUPERVISOR_EXIT, code=code, reason=reason, last_step=snapshot.last_step,
+                      checkpoint_step=snapshot.last_checkpoint_step, durable_step=snapshot.durable_step,
+                      lateness=snapshot.lateness())
+        return code
+
+    def _no_progress_guard(self) -> None:
+        """Before the child starts: the job's last runs made no progress, so this one would not
+        either (`esiwrap.core.history.no_progress`): say why and stop with EXIT_NO_PROGRESS."""
+        job = self._job_state
+        if job is None:
+            return
+        step = sorted(job.steps)[len(job.steps) // 2] if job.steps else None
+        verdict = history.no_progress(job.runs, self.config.max_no_progress_runs, step,
+                                      max(job.saves) if job.saves else None)
+        if verdict is None:
+            return
+        if self._state_note is not None:
+            level, event, fields = self._state_note
+            getattr(self.log, level)(event, **fields)
+            self._state_note = None
+        self.log.error(ev.NO_PROGRESS, path=self.config.state_file, limit=self.config.max_no_progress_runs,
+                       **verdict.fields())
+        reason = (f"no progress in the job's last {len(verdict.runs)} runs ({verdict.cause}); not "
+                  "started (--max-no-progress-runs)")
+        self._run = replace(self._run, ending="no_progress")
+        self._write_state(self._clock())
+        raise Halt(reason, EXIT_NO_PROGRESS)
+
+    def _end_run(self, cause: str = "") -> None:
+        """How this run ended, for the job's history (written once more as the shell leaves):
+        from why the controller stopped it (none: esiwrap's own failure)."""
+        if self._run.ending != "running":
+            return
+        snapshot = self._snapshot()
+        deadline_in = None if snapshot.deadline_at is None else snapshot.deadline_at - self._clock()
+        self._run = replace(self._run, ending=history.ending_of(cause, deadline_in))
+
+    def _start_child(self) -> None:
+        assert self._channel is not None
+        env = child_environment(self._environ, self._channel.path, self.config)
+        process.become_subreaper()
+        pid = self._child_pid = process.spawn(self.config.argv, env, death_signal=signal.SIGTERM,
+                                              signals=self._signals, callers_env=self._environ)
+        host = socket.gethostname()  # which instance this run is on (`esiwrap report`)
+        self._feed(core.ChildStarted(pid, tuple(self.config.argv), self.config.settings, host))
+        if self._state_note is not None:
+            level, event, fields = self._state_note
+            getattr(self.log, level)(event, **fields)
+        if self._static:  # known before READY, so the first status line already has the deadline
+            self._feed(core.DeadlineAnswers(tuple(ask(s, self._clock()) for s in self._static)))
+        self._systemd.ready(*systemd.status_parts(self._snapshot()), time.monotonic())
+        assert self._signals is not None
+        self._selector.register(self._signals.read_fd, selectors.EVENT_READ, self._on_signal_bytes)
+        self._selector.register(self._wake_r, selectors.EVENT_READ, self._on_watcher_wake)
+        self._selector.register(self._channel, selectors.EVENT_READ, self._on_channel)
+        self._write_state(self._clock())  # this run in the job's history, from its start
+        self._reap()  # a child that died before the selector existed
+
+    def _close(self) -> None:
+        self._observer.close()
+        self._watcher.stop()
+        self._prober.stop()
+        self._apply(self.controller.finish(self._now()))  # the job's state, kept once more
+        if self._run.ending == "running":  # left the loop with no ending said: a failure of its own
+            self._run = replace(self._run, ending="other")
+        self._write_state(self._clock())  # ...with this run's end in its history
+        self._files.close(FILES_AT_EXIT_S)
+        for pid in list(self._trainer_fds):
+            self._forget_trainer(pid)
+        self._tree.close()
+        self._selector.close()
+        if self._signals is not None:
+            early.release()  # the handlers, mask and wakeup fd this process had before
+        for sock in (self._wake_r, self._wake_w):
+            sock.close()
+        if self._channel is not None:
+            self._channel.close()
+
+    # ------------------------------------------------------------------ the loop
+    def _loop(self) -> None:
+        while True:
+            timeout = self._next_timeout()
+            wake_at = time.monotonic() + timeout
+            ready = self._selector.select(timeout)
+            if not ready:
+                # A signal past the timeout (SIGCONT after a stop) ends select without a look at
+                # the sockets (PEP 475): what waits there is taken before a timer decides.
+                ready = self._selector.select(0)
+            for key, _ in ready:
+                key.data(key)
+            now = self._now()
+            # how late the loop ran against the wake-up it asked for (a starved node): plan margin
+            late = now.mono - wake_at if now.mono >= wake_at else None
+            self._apply(self.controller.tick(now, late))
+            self._feed_queued()
+            snapshot = self._snapshot()
+            self._tell_systemd(snapshot)
+            self._publish(snapshot)
+            if now.mono >= self._heartbeat_at:
+                self._heartbeat_at = now.mono + history.HEARTBEAT_S
+                self._write_state(now.wall)  # the run's exposure so far, should it vanish
+
+    def _snapshot(self) -> Snapshot:
+        return self.controller.snapshot(self._now(), self.config.run_id, os.getpid())
+
+    def _publish(self, snapshot: Snapshot) -> None:
+        """The metrics file and endpoint, the status file: the controller's state as of now."""
+        mono = time.monotonic()
+        self._observer.tick(mono)
+        self._observer.update(snapshot, mono)
+
+    def _now(self) -> Now:
+        return Now(self._clock(), time.monotonic())
+
+    def _next_timeout(self) -> float:
+        waits = [MAX_WAIT_S, self._systemd.ping_in(time.monotonic())]
+        due = self.controller.wake_at(self._now())
+        if due is not None:
+            waits.append(due)
+        if self._stopping and not HAS_PIDFD:
+            waits.append(POLL_WITHOUT_PIDFD_S)
+        mono = time.monotonic()
+        observer_due = self._observer.next_wake(mono)
+        if observer_due is not None:
+            waits.append(observer_due - mono)
+        return max(0.0, min(waits))
+
+    def _feed(self, input_: core.Input) -> None:
+        self._queued.append(input_)
+        self._feed_queued()
+
+    def _feed_queued(self) -> None:
+        """Hand the controller each queued input in turn; carrying out its actions may queue more
+        (an upload started, the tree checked), which follow in order rather than inside the
+        actions' loop. Timers fire only in `tick`, after each wake-up's inputs: what was waiting
+        when the loop woke (a step report, save_begin and save_end read together from the
+        channel) is all applied before a timer that fell due while the loop was held up (the
+        deadline) decides; the first of them firing it counted a save acknowledged in time as
+        missed (exit 76)."""
+        if self._feeding:
+            return
+        self._feeding = True
+        try:
+            while self._queued:
+                self._apply(self.controller.handle(self._queued.pop(0), self._now(), fire_timers=False))
+        finally:
+            self._feeding = False
+
+    # ------------------------------------------------------------------ the job's state file
+    def _keep_state(self, kept: core.KeepState) -> None:
+        """Have what this run measured written to --state-file (the controller says when), by the
+        files' thread: the newest state wins, the loop does not wait for the disk."""
+        self._kept = kept
+        self._write_state(self._clock())
+
+    def _write_state(self, now: float) -> None:
+        """The state file as of now: what the controller last kept, and this run's record."""
+        path = self.config.state_file
+        if path is None or self._state_failed:
+            return
+        base = self._job_state or state.JobState()
+        kept = self._kept
+        after = base if kept is None else base.after_run(
+            kept.steps, kept.saves, kept.blocking, now, self.config.argv, uploads=kept.uploads,
+            checkpoint=kept.checkpoint, uploaded=kept.uploaded)
+        if kept is None:
+            after = replace(after, updated_at=now, command=tuple(self.config.argv))
+        self._run = self._refreshed_run(now)
+        after = after.with_run(self._run)
+        self._files.replace(path, state.render(after), statefile.write_atomic, done=self._state_written)
+
+    def _refreshed_run(self, now: float) -> history.RunRecord:
+        """This run's record as of now: alive until now, its capacity, nodes, durable step, counts."""
+        run = self._run
+        if self._child_pid is None:  # not started: nothing more to say than its ending
+            return replace(run, seen_at=now)
+        snapshot = self._snapshot()
+        capacity = self.controller.capacity()  # what the policy plans with
+        end_step = snapshot.durable_step if snapshot.durable_step is not None else run.start_step
+        return replace(run, seen_at=now, nodes=max(1, capacity.nodes), capacity=capacity.kind,
+                       source=snapshot.deadline_source or "", end_step=end_step,
+                       saves=snapshot.saves_completed, uploads=snapshot.uploads_completed,
+                       uploads_failed=snapshot.uploads_failed)
+
+    def _state_written(self, path: str, error: OSError | None) -> None:
+        """From the files' thread: a state write that failed is one warning, then no more tries
+        (a full disk must not flood the log or stop training)."""
+        if error is not None and not self._state_failed:
+            self._state_failed = True
+            self.log.warning(ev.STATE_NOT_SAVED, path=path, error=f"{error.strerror or error}")
+
+    # ------------------------------------------------------------------ carrying out actions
+    def _apply(self, actions: Sequence[core.Action]) -> None:
+        for action in actions:
+            if isinstance(action, core.Log):
+                getattr(self.log, action.level)(action.event, **action.fields)
+            elif isinstance(action, core.SendSignal):
+                signum = signal_number(action.signal)
+                for pid in action.pids:
+                    if signum is not None:
+                        process.send(pid, signum)
+            elif isinstance(action, core.StopChild):
+                self._stop_child(action.signal)
+            elif isinstance(action, core.KillTree):
+                self._kill_tree()
+            elif isinstance(action, core.TermLeftovers):
+                process.signal_all(self._tree_remaining(), signal.SIGTERM)
+            elif isinstance(action, core.CheckTree):
+                self._stopping = True
+                self._check_tree()
+            elif isinstance(action, core.KeepState):
+                self._keep_state(action)
+            elif isinstance(action, core.NotifyStopping):
+                self._systemd.stopping()
+            elif isinstance(action, core.ExtendStopTimeout):
+                self._systemd.extend_stop(action.seconds)
+            elif isinstance(action, core.ProbeStorage):
+                self._prober.submit(action.path, action.previous, action.max_bytes)
+            elif isinstance(action, core.StartUpload):
+                self._start_upload(action)
+            elif isinstance(action, core.StopUpload):
+                signum = signal_number(action.signal)
+                if self._upload is not None and signum is not None:
+                    self._upload.signal(signum)
+            elif isinstance(action, core.CheckFilesystem):
+                self._check_filesystem(action.path)
+            elif isinstance(action, core.ReleaseCapacity):
+                self._release_capacity()
+            elif isinstance(action, core.Exit):
+                raise Halt(action.reason, action.code, action.cause)
+
+    # ------------------------------------------------------------------ uploads and the checkpoint's disk
+    def _start_upload(self, action: core.StartUpload) -> None:
+        """Run the --upload command for this checkpoint; its end comes through reaping."""
+        template = self.config.upload
+        if template is None:
+            return
+        if upload.needs_path(template) and not action.path:
+            self._queued.append(core.UploadExited(0, None, error="the trainer reported no checkpoint path "
+                                                  "to put in {path}: report it in saving(step, path)"))
+            return
+        env = {k: v for k, v in self._environ.items() if k not in systemd.CHILD_UNSET}
+        if self.config.run_id:
+            env[RUN_ID_ENV] = self.config.run_id
+        try:
+            self._upload = upload.UploadProcess.start(template, action.path, action.step, env)
+        except OSError as exc:
+            self._queued.append(core.UploadExited(0, EXIT_NOT_EXECUTABLE, error=f"cannot start "
+                                                  f"{upload.SHELL}: {exc.strerror or exc}"))
+            return
+        if self._upload.stderr_fd is not None:
+            self._selector.register(self._upload.stderr_fd, selectors.EVENT_READ, self._on_upload_stderr)
+        self._queued.append(core.UploadStarted(self._upload.pid))
+
+    def _on_upload_stderr(self, key: selectors.SelectorKey) -> None:
+        running = self._upload
+        if running is None or running.stderr_fd != key.fd:
+            self._unregister(key.fd)
+            return
+        if not running.read_stderr():
+            self._unregister(key.fd)
+
+    def _upload_reaped(self, status: int) -> None:
+        running, self._upload = self._upload, None
+        if running is None:
+            return
+        fd = running.stderr_fd
+        running.read_stderr()  # what it wrote before it exited is in the pipe now
+        if fd is not None:
+            self._unregister(fd)
+        running.close()
+        ended = _child_exited(running.pid, status)
+        self._feed(core.UploadExited(running.pid, ended.code, ended.signal, tuple(running.tail)))
+
+    def _unregister(self, fd: int) -> None:
+        with contextlib.suppress(KeyError, ValueError):
+            self._selector.unregister(fd)
+
+    def _check_filesystem(self, path: str) -> None:
+        """One look at what holds the checkpoint, on a thread: a stat can hang on a dead mount."""
+        def look() -> None:
+            found = durability.filesystem_of(path)
+            self._background.put(core.FilesystemChecked(path, found.kind, found.fstype, found.mount_point,
+                                                        found.source))
+            self._poke()
+
+        threading.Thread(target=look, name="esiwrap-filesystem", daemon=True).start()
+
+    def _release_capacity(self) -> None:
+        """On the way out with exit 75: each source may let its platform go ahead. Only the
+        exit waits for it (the child's tree is gone), each source bounding its own time."""
+        for source in self._sources:
+            released = release(source)
+            if released is not None:
+                log = self.log.info if released.ok else self.log.warning
+                log(ev.CAPACITY_RELEASED, source=source.name, ok=released.ok, detail=released.detail)
+
+    def _stop_child(self, name: str | None) -> None:
+        child = self._child_pid
+        if child is None:
+            return
+        self._tree.snapshot(child)
+        signum = signal_number(name) if name else None
+        if signum is not None:
+            process.send(child, signum)
+
+    def _tree_remaining(self) -> list[Any]:
+        """The child's tree as the stop sequence sees it: without the upload helper, whose end the
+        controller decides (it may have to outlast the child)."""
+        remaining = self._tree.remaining()
+        running = self._upload
+        if running is None:
+            return remaining
+        helper = {running.pid, *(p.pid for p in process.descendants(running.pid))}
+        return [p for p in remaining if p.pid not in helper]
+
+    def _kill_tree(self) -> None:
+        remaining = self._tree_remaining()
+        if remaining:
+            self.log.warning(ev.CHILD_KILLED, signal="SIGKILL", pids=[p.pid for p in remaining])
+        process.signal_all(remaining, signal.SIGKILL)
+
+    def _forward_stop_signal(self) -> None:
+        child = self._child_pid
+        signum = signal_number(self.config.controller.stop_signal)
+        if child is not None and not self._child_reaped and signum is not None:
+            process.send(child, signum)
+
+    def _check_tree(self) -> None:
+        """While stopping: reap, watch what is left, and tell the controller how much that is."""
+        self._reap()
+        remaining = self._tree_remaining()
+        self._tree.watch(remaining)
+        self._feed(core.TreeChecked(len(remaining)))
+
+    # ------------------------------------------------------------------ inputs
+    def _on_signal_bytes(self, _: selectors.SelectorKey) -> None:
+        assert self._signals is not None
+        try:
+            data = os.read(self._signals.read_fd, 512)
+        except (BlockingIOError, InterruptedError):
+            return
+        for signum in data:
+            if signum == signal.SIGCHLD:
+                self._reap()
+            else:
+                self._feed(core.SignalReceived(signal_label(signum)))
+
+    def _poke(self) -> None:
+        """Wake the loop from another thread (a full buffer already holds a wake-up)."""
+        with contextlib.suppress(BlockingIOError, InterruptedError, OSError):
+            self._wake_w.send(b"\0")
+
+    def _on_watcher_wake(self, _: selectors.SelectorKey) -> None:
+        with contextlib.suppress(BlockingIOError, InterruptedError):
+            self._wake_r.recv(512)
+        answers = self._watcher.drain()
+        if answers:
+            self._feed(core.DeadlineAnswers(tuple(answers)))
+        for m in self._prober.drain():
+            self._feed(core.StorageProbed(m.path, m.bandwidth_bps, m.written_bytes, m.seconds, m.source,
+                                          m.error))
+        while not self._background.empty():
+            self._feed(self._background.get_nowait())
+
+    def _on_channel(self, _: selectors.SelectorKey) -> None:
+        assert self._channel is not None
+        received = time.monotonic()
+        for message in self._channel.receive():
+            input_ = self._input_of(message, received)
+            if input_ is not None:
+                self._feed(input_)
+
+    def _input_of(self, message: Message, received_mono: float) -> core.Input | None:
+        step = message.get_int("step")
+        delay = _report_delay(message, received_mono)
+        if message.type == messages.HELLO:
+            return self._hello(message)
+        if message.type == messages.BYE:
+            self._forget_trainer(message.pid)
+            return core.TrainerGone(message.pid)
+        if message.type == messages.STEP:
+            return core.Step(message.pid, step, _finite(message.get_float("duration_s")), delay)
+        if message.type == messages.CHECKPOINT:
+            size = _positive(message.get_float("bytes"))
+            return core.CheckpointSize(message.pid, size) if size is not None else None
+        peer = message.get_bool("peer", False)  # another node's esiwrap asked for this save
+        if message.type == messages.SAVE_BEGIN:
+            return core.SaveBegin(message.pid, step, peer=peer)
+        if message.type == messages.SAVE_SNAPSHOT:
+            return core.SaveSnapshot(message.pid, step, _finite(message.get_float("duration_s")), peer=peer)
+        if message.type == messages.SAVE_END:
+            return core.SaveEnd(
+                message.pid, step, ok=message.get_bool("ok", True),
+                duration_s=_finite(message.get_float("duration_s")), path=message.get_str("path"),
+                error=message.get_str("error"), peer=peer, delay_s=delay,
+            )
+        if message.type == messages.START:  # where training starts (the verl hook, after loading)
+            fields = {k: v for k, v in message.fields.items() if k not in RESERVED_HELLO_KEYS | {"step"}}
+            return core.TrainingStart(message.pid, step, fields)
+        if message.type == messages.DEADLINE:  # another node's answer, relayed by a Ray driver (ray_nodes)
+            answer = remote.from_fields(message.fields, self._clock())
+            return core.DeadlineAnswers((answer,)) if answer is not None else None
+        return None
+
+    def _hello(self, message: Message) -> core.Hello:
+        wants_signal = message.get_bool("signal", True)
+        descendant = process.is_descendant(message.pid, os.getpid()) if wants_signal else True
+        stop_name = message.get_str("stop_signal")
+        stop_signal = signal_number(stop_name) if stop_name else None
+        if descendant:
+            self._watch_trainer(message.pid)
+        return core.Hello(
+            pid=message.pid, rank=message.get_int("rank"), saves=message.get_bool("saves", True),
+            wants_signal=wants_signal, descendant=descendant,
+            stop_signal=signal_label(stop_signal) if stop_signal is not None else None,
+            fields={k: v for k, v in message.fields.items() if k not in RESERVED_HELLO_KEYS},
+            checkpoint_bytes=_positive(message.get_float("checkpoint_bytes")),
+            checkpoint_dir=message.get_str("checkpoint_dir")[:4096] or None,
+            resumed_from=message.get_str("resumed_from")[:4096] or None,
+            nodes=min(message.get_int("nodes"), MAX_NODES) or None,
+            sigterm_saves=message.get_str("sigterm") == TRAINER_SIGTERM_SAVE,
+        )
+
+    def _watch_trainer(self, pid: int) -> None:
+        """A pidfd per trainer: the loop learns at once when one exits (no polling)."""
+        if pid in self._trainer_fds:
+            return
+        fd = process.open_pidfd(pid)
+        if fd is None:
+            return  # no pidfd here (old kernel) or already gone; reaping or a bye will tell
+        self._trainer_fds[pid] = fd
+        self._selector.register(fd, selectors.EVENT_READ, lambda _key, pid=pid: self._trainer_exited(pid))
+
+    def _trainer_exited(self, pid: int) -> None:
+        self._forget_trainer(pid)
+        self._feed(core.TrainerGone(pid))
+
+    def _forget_trainer(self, pid: int) -> None:
+        fd = self._trainer_fds.pop(pid, None)
+        if fd is None:
+            return
+        with contextlib.suppress(KeyError, ValueError):
+            self._selector.unregister(fd)
+        with contextlib.suppress(OSError):
+            os.close(fd)
+
+    def _reap(self) -> None:
+        """Collect every exited child, ours or orphaned to us, and report the direct child's end."""
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            if pid == self._child_pid:
+                self._child_reaped = True
+                self._forget_trainer(pid)
+                self._feed(_child_exited(pid, status))
+            elif self._upload is not None and pid == self._upload.pid:
+                self._upload_reaped(status)
+            elif pid in self._trainer_fds:
+                self._trainer_exited(pid)
+
+    # ------------------------------------------------------------------ systemd
+    def _tell_systemd(self, snapshot: Snapshot) -> None:
+        """STATUS= when it changed, WATCHDOG=1 when due; both do nothing outside systemd."""
+        if self._systemd.enabled:
+            mono = time.monotonic()
+            self._systemd.status(*systemd.status_parts(snapshot), mono)
+            self._systemd.ping_if_due(mono)
+
+
+def _load_state(path: str | None, now: float) -> tuple[state.JobState | None, LogNote | None]:
+    """The job's state file, and the log line that says what became of it."""
+    if path is None:
+        return None, None
+    try:
+        loaded = statefile.load(path, now)
+    except state.StateIgnored as exc:
+        return None, ("warning", ev.STATE_IGNORED, {"path": path, "reason": str(exc)})
+    if loaded is None:
+        return None, ("info", ev.STATE_LOADED, {"path": path, "steps": 0, "saves": 0,
+                                               "note": "no state file yet: the job's first run"})
+    return loaded, ("info", ev.STATE_LOADED, {
+        "path": path, "steps": len(loaded.steps), "saves": len(loaded.saves),
+        "longest_save_s": max(loaded.saves) if loaded.saves else None,
+        "uploads": len(loaded.uploads), "longest_upload_s": max(loaded.uploads) if loaded.uploads else None,
+        "checkpoint_step": loaded.checkpoint.step if loaded.checkpoint is not None else None,
+        "runs": len(loaded.runs),
+        "age_s": round(now - loaded.updated_at, 3),
+    })
+
+
+def _child_exited(pid: int, status: int) -> core.ChildExited:
+    if os.WIFSIGNALED(status):
+        signum = os.WTERMSIG(status)
+        return core.ChildExited(pid, None, signal_label(signum), signum)
+    return core.ChildExited(pid, os.waitstatus_to_exitcode(status))
+
+
+def _report_delay(message: Message, received_mono: float) -> float | None:
+    """How long a report took from its sender to the loop, when the sender stamped it with this
+    machine's monotonic clock (None: not stamped, or by a clock that is not this machine's)."""
+    sent = message.get_float("sent_mono", math.nan)
+    if not math.isfinite(sent):
+        return None
+    delay = received_mono - sent
+    return max(0.0, delay) if -0.05 <= delay <= MAX_REPORT_DELAY_S else None
+
+
+def _positive(value: float) -> float | None:
+    """A size the trainer reported, or None for anything that is not one (absent, NaN, 0)."""
+    return value if math.isfinite(value) and value > 0 else None
+
+
+def _finite(value: float) -> float:
+    return value if math.isfinite(value) and value >= 0 else 0.0
+
+
+def child_environment(base: Mapping[str, str], socket_path: str, config: SupervisorConfig) -> dict[str, str]:
+    """The child's environment: ours (minus systemd's notify socket and watchdog, which are
+    esiwrap's alone), plus where to find us and which signal means "save"."""
+    env = {key: value for key, value in base.items() if key not in systemd.CHILD_UNSET}
+    env[SOCKET_ENV] = socket_path
+    env[SIGNAL_ENV] = config.controller.save_signal
+    env.update(config.child_env)
+    # Zero-code hooks (verl): our sitecustomize first, inert without the variables above; with the
+    # hooks off (ESIWRAP_HOOK=0), PYTHONPATH stays the caller's.
+    if base.get(HOOK_SWITCH_ENV, "1") != "0":
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (bootstrap_dir(), base.get("PYTHONPATH", "")) if p)
+    if config.run_id:
+        env[RUN_ID_ENV] = config.run_id
+    return env
+
