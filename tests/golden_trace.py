@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import lzma
+import math
 import os
 import random
 import sys
@@ -114,13 +115,36 @@ class ProductionShell(replay_module._Shell):
     are applied, then the timers that fell due fire once."""
 
     def feed(self, input_: core.Input) -> None:
-        now = Now(self.now, self.now)
-        queue = [input_]
+        self._follow([input_])
+        self._follow(self._apply(self.controller.tick(Now(self.now, self.now))))
+
+    def _follow(self, queue: list[core.Input]) -> None:
         while queue:
-            queue.extend(self._apply(self.controller.handle(queue.pop(0), now, fire_timers=False)))
-        queue = self._apply(self.controller.tick(now))
-        while queue:
-            queue.extend(self._apply(self.controller.handle(queue.pop(0), now, fire_timers=False)))
+            queue.extend(self._apply(self.controller.handle(queue.pop(0), Now(self.now, self.now),
+                                                            fire_timers=False)))
+
+    def advance(self, until: float, *, after_stop: bool = False) -> None:
+        """As the simulator's, but what follows from the timers' actions is applied without
+        another firing of the timers (the supervisor's loop)."""
+        while not self.exited and (after_stop or not self.stopped):
+            wait = self.controller.wake_at(Now(self.now, self.now))
+            timer = math.inf if wait is None else self.now + wait
+            change_at = self.changes[0].at if self.changes and not after_stop else math.inf
+            durable_at = self.in_flight.durable if self.in_flight is not None else math.inf
+            upload_at = self.upload[2] if self.upload is not None else math.inf
+            first = min(timer, change_at, durable_at, upload_at)
+            if first > until:
+                break
+            self.now = max(self.now, first)
+            if durable_at == first:
+                self.finish_write()
+            elif upload_at == first:
+                self.finish_upload()
+            elif change_at == first:
+                self.feed(core.DeadlineAnswers((self._answer(self.changes.pop(0).deadline),)))
+            else:
+                self._follow(self._apply(self.controller.tick(Now(self.now, self.now))))
+        self.now = max(self.now, until)
 
 
 class ProductionDriver(Driver):
