@@ -1,4 +1,9 @@
-"""Drive `esiwrap.core.controller.Controller` by hand in tests: a fake clock, inputs in, actions kept."""
+"""Drive the decision core by hand in tests: a fake clock, inputs in, actions kept.
+
+The driver is a world of the supervisor's own runner (`esiwrap.core.runner`): each `feed` is one
+wake-up of the loop (the input and what follows, then the timers that fell due, once), and
+`advance` wakes at every timer on the way, as the supervisor's loop would.
+"""
 
 from __future__ import annotations
 
@@ -7,20 +12,39 @@ from typing import Any
 
 from esiwrap.core import controller as core
 from esiwrap.core.controller import Controller, ControllerConfig, Now
+from esiwrap.core.effects import Effects
+from esiwrap.core.runner import Runner
 from esiwrap.core.values import Answer, Deadline
 
 T0 = 1_800_000_000.0  # a wall clock in 2027
 CHILD = 4242
 
 
-class Driver:
-    """One controller with its own clock (wall and monotonic advance together)."""
+class Recording(Effects):
+    """The tests' world: every action recorded in order; nothing follows from any of them (a test
+    feeds what the world would answer, e.g. `TreeChecked`)."""
 
-    def __init__(self, config: ControllerConfig | None = None, start: bool = True) -> None:
-        self.controller = Controller(config or ControllerConfig())
+    def __init__(self) -> None:
+        self.actions: list[core.Action] = []
+
+    def _record(self, action: Any) -> None:
+        self.actions.append(action)
+
+    log = send_signal = stop_child = kill_tree = term_leftovers = check_tree = keep_state = _record
+    notify_stopping = extend_stop_timeout = probe_storage = start_upload = stop_upload = _record
+    check_filesystem = release_capacity = exit = _record
+
+
+class Driver:
+    """One controller with its own clock (wall and monotonic advance together), driven by the runner."""
+
+    def __init__(self, config: ControllerConfig | None = None, start: bool = True,
+                 controller: Controller | None = None) -> None:
+        self.controller = controller or Controller(config or ControllerConfig())
+        self.world = Recording()
+        self.runner = Runner(self.controller, self.world, lambda: self.now)
         self.wall = T0
         self.mono = 1000.0
-        self.actions: list[core.Action] = []
         if start:
             self.feed(core.ChildStarted(CHILD, ("python", "train.py")))
 
@@ -28,25 +52,31 @@ class Driver:
     def now(self) -> Now:
         return Now(self.wall, self.mono)
 
+    @property
+    def actions(self) -> list[core.Action]:
+        """Every action so far, in order."""
+        return self.world.actions
+
     def feed(self, input_: core.Input) -> list[core.Action]:
-        out = self.controller.handle(input_, self.now)
-        self.actions += out
-        return out
+        """One wake-up of the loop with this input; the actions it brought."""
+        start = len(self.actions)
+        self.runner.feed(input_)
+        self.runner.wake()
+        return self.actions[start:]
 
     def advance(self, seconds: float) -> list[core.Action]:
         """Let time pass as the supervisor's loop would: wake at every timer on the way."""
-        out: list[core.Action] = []
+        start = len(self.actions)
         end = self.mono + seconds
         while True:
-            due = self.controller.wake_at(self.now)
+            due = self.runner.wake_in()
             step = end - self.mono if due is None else min(due, end - self.mono)
             self.wall += step
             self.mono += step
-            out += self.controller.tick(self.now)
-            if self.mono >= end or any(isinstance(a, core.Exit) for a in out):
+            self.runner.wake()
+            if self.mono >= end or any(isinstance(a, core.Exit) for a in self.actions[start:]):
                 break
-        self.actions += out
-        return out
+        return self.actions[start:]
 
     def deadline(self, in_s: float, source: str = "cli", raw: str = "") -> list[core.Action]:
         deadline = Deadline(at=self.wall + in_s, source=source, raw=raw)

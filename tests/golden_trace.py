@@ -1,7 +1,8 @@
 """The decision core's golden trace: every call it answered, in production's order, written out.
 
 A refactor of the decision core must not change one decision. This drives the real controller
-the way the supervisor does (every waiting input, then the due timers, once) through the
+with the supervisor's own runner (`esiwrap.core.runner`: every waiting input, then the due
+timers, once), through the simulator's shell and the tests' driver, along the
 simulator's seeded traces (every family, at 1 h and 8 h, with the default policy and with
 `--after-save linger`, `--after-save continue` and `--no-final-save`) and through seeded random
 input sequences like those of the property tests (`test_controller_properties.py`). Each call is
@@ -27,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import lzma
-import math
 import os
 import random
 import sys
@@ -87,8 +87,8 @@ def record(call: str, actions: list[core.Action]) -> None:
 class RecordingController(Controller):
     """The real controller; each call also writes its lines."""
 
-    def handle(self, input_: core.Input, now: Now, *, fire_timers: bool = True) -> list[core.Action]:
-        actions = super().handle(input_, now, fire_timers=fire_timers)
+    def handle(self, input_: core.Input, now: Now) -> list[core.Action]:
+        actions = super().handle(input_, now)
         record(f"H {now!r} {input_!r}", actions)
         self._snapshot(now)
         return actions
@@ -108,53 +108,6 @@ class RecordingController(Controller):
         actions = super().finish(now)
         record(f"F {now!r}", actions)
         return actions
-
-
-class ProductionShell(replay_module._Shell):
-    """The simulator's shell in production's order: an input and what follows from its actions
-    are applied, then the timers that fell due fire once."""
-
-    def feed(self, input_: core.Input) -> None:
-        self._follow([input_])
-        self._follow(self._apply(self.controller.tick(Now(self.now, self.now))))
-
-    def _follow(self, queue: list[core.Input]) -> None:
-        while queue:
-            queue.extend(self._apply(self.controller.handle(queue.pop(0), Now(self.now, self.now),
-                                                            fire_timers=False)))
-
-    def advance(self, until: float, *, after_stop: bool = False) -> None:
-        """As the simulator's, but what follows from the timers' actions is applied without
-        another firing of the timers (the supervisor's loop)."""
-        while not self.exited and (after_stop or not self.stopped):
-            wait = self.controller.wake_at(Now(self.now, self.now))
-            timer = math.inf if wait is None else self.now + wait
-            change_at = self.changes[0].at if self.changes and not after_stop else math.inf
-            durable_at = self.in_flight.durable if self.in_flight is not None else math.inf
-            upload_at = self.upload[2] if self.upload is not None else math.inf
-            first = min(timer, change_at, durable_at, upload_at)
-            if first > until:
-                break
-            self.now = max(self.now, first)
-            if durable_at == first:
-                self.finish_write()
-            elif upload_at == first:
-                self.finish_upload()
-            elif change_at == first:
-                self.feed(core.DeadlineAnswers((self._answer(self.changes.pop(0).deadline),)))
-            else:
-                self._follow(self._apply(self.controller.tick(Now(self.now, self.now))))
-        self.now = max(self.now, until)
-
-
-class ProductionDriver(Driver):
-    """The tests' driver in production's order: each input is one wake-up of the loop."""
-
-    def feed(self, input_: core.Input) -> list[core.Action]:
-        out = self.controller.handle(input_, self.now, fire_timers=False)
-        out += self.controller.tick(self.now)
-        self.actions += out
-        return out
 
 
 def _config(flags: str) -> ControllerConfig:
@@ -183,7 +136,7 @@ def random_sequence(seed: int) -> None:
         signal_child=rng.random() < 0.3, after_save=rng.choice(["stop", "linger", "continue"]),
         on_sigterm=rng.choice(["checkpoint", "forward"]), stop_grace_s=rng.choice([5.0, 30.0]),
     )
-    driver = ProductionDriver(config)
+    driver = Driver(config)
     pids = [CHILD, 5001, 5002, 7777]
     child_gone = False
     for _ in range(60):
@@ -231,16 +184,15 @@ def traced() -> Iterator[tuple[str, Trace]]:
     """Each section's name and its trace, the recording controller standing in for the real one."""
     import controller_driver
 
-    saved = replay_module.Controller, controller_driver.Controller, replay_module._Shell
+    saved = replay_module.Controller, controller_driver.Controller
     replay_module.Controller = controller_driver.Controller = RecordingController  # type: ignore[misc]
-    replay_module._Shell = ProductionShell  # type: ignore[misc]
     try:
         for name, run in sections():
             Recorder.trace, Recorder.snapshots = Trace([], []), name.startswith("random")
             run()
             yield name, Recorder.trace
     finally:
-        replay_module.Controller, controller_driver.Controller, replay_module._Shell = saved  # type: ignore[misc]
+        replay_module.Controller, controller_driver.Controller = saved  # type: ignore[misc]
 
 
 # ---------------------------------------------------------------------------------- the golden copies

@@ -445,11 +445,11 @@ def test_a_miss_with_a_save_begun_and_never_ended_says_so_and_names_a_failed_sav
 
 def test_inputs_applied_before_the_timers_count_a_save_acknowledged_before_a_late_wake() -> None:
     """The loop was held up past the deadline while the step report, save_begin and save_end of
-    the insurance save waited in the channel. Applied with `fire_timers=False`, as the shell does,
-    then `tick`: the checkpoint counts (exit 75, "checkpoint complete"). Fired after the first of
-    them, the deadline's timer would have decided before the save_end: exit 76 (what `handle`
-    alone still does, for a caller that feeds one input at a time, as the simulator)."""
-    def held_up(fire_timers: bool) -> Driver:
+    the insurance save waited in the channel. The runner applies every waiting input, then fires
+    the timers once: the checkpoint counts (exit 75, "checkpoint complete"). Had the timers fired
+    after the first of them, the deadline's timer would have decided before the save_end: exit 76
+    (each input a wake-up of its own shows it)."""
+    def held_up(one_wake: bool) -> Driver:
         d = Driver(ControllerConfig(policy=PolicyConfig(redundant_s=2.0, save_duration_s=1.0)))
         d.deadline(40.0)
         d.hello()
@@ -458,16 +458,19 @@ def test_inputs_applied_before_the_timers_count_a_save_acknowledged_before_a_lat
         d.mono += 40.0
         for waiting in (core.Step(CHILD, step, 1.0), core.SaveBegin(CHILD, step),
                         core.SaveEnd(CHILD, step, duration_s=0.3, path="/ckpt")):
-            d.actions += d.controller.handle(waiting, d.now, fire_timers=fire_timers)
-        d.actions += d.controller.tick(d.now)
+            if one_wake:
+                d.runner.feed(waiting)
+            else:
+                d.feed(waiting)
+        d.runner.wake()
         return d
 
-    applied_first = held_up(fire_timers=False)
+    applied_first = held_up(one_wake=True)
     assert applied_first.controller.stop is not None
     assert applied_first.controller.stop.exit_status == EXIT_CHECKPOINTED
     assert not logs(applied_first.actions, "save_missed")
     assert [e["kind"] for e in logs(applied_first.actions, "save_completed")] == ["insurance"]
-    one_at_a_time = held_up(fire_timers=True)
+    one_at_a_time = held_up(one_wake=False)
     assert one_at_a_time.controller.stop is not None
     assert one_at_a_time.controller.stop.exit_status == EXIT_SAVE_MISSED
 
@@ -492,7 +495,7 @@ def planned_moment(late_s: float | None, delay_s: float | None) -> tuple[float, 
     for step in range(1, 11):
         d.wall += 1.0
         d.mono += 1.0
-        d.actions += d.controller.tick(d.now, late_s)
+        d.runner.wake(late_s)
         d.feed(core.Step(CHILD, step, 1.0, delay_s))
     plan = d.controller.plan
     assert plan is not None
@@ -510,7 +513,7 @@ def test_the_plan_keeps_the_worst_recent_lateness_as_margin() -> None:
 def test_lateness_is_logged_with_each_report_and_in_the_snapshot() -> None:
     d = Driver(ControllerConfig())
     d.hello()
-    d.actions += d.controller.tick(d.now, 0.02)
+    d.runner.wake(0.02)
     d.feed(core.Step(CHILD, 1, 1.0, 0.003))
     (observed,) = logs(d.actions, "step_observed")
     assert observed["delivery_s"] == 0.003

@@ -188,9 +188,7 @@ def test_no_probe_when_turned_off_or_already_measured() -> None:
     from esiwrap.core.controller import Controller
     from esiwrap.core.policy import Prior
 
-    measured = Driver(start=False)
-    measured.controller = Controller(ControllerConfig(), prior=Prior(steps=[1.0], saves=[30.0]))
-    measured.feed(core.ChildStarted(CHILD))
+    measured = Driver(controller=Controller(ControllerConfig(), prior=Prior(steps=[1.0], saves=[30.0])))
     assert probes(measured.hello(checkpoint_dir="/ckpt")) == []
 
 

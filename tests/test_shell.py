@@ -1,17 +1,21 @@
-"""The supervisor is the I/O shell: it feeds the controller and carries out its actions, and reads
-nothing of the controller's state but the one view of it (`snapshot`). Read with `ast`."""
+"""The supervisor is the I/O shell: it feeds the runner and carries out the actions (`Effects`), and
+reads nothing of the controller's state but the one view of it (`snapshot`). The runner alone calls
+the controller's entry points. Read with `ast`."""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
-from esiwrap.core import controller
+from esiwrap.core import controller, runner
 from esiwrap.shell import supervisor
 
 SUPERVISOR = Path(supervisor.__file__)
-# the controller's public methods
-ENTRY_POINTS = {"handle", "tick", "finish", "wake_at", "snapshot", "capacity"}
+RUNNER = Path(runner.__file__)
+# the controller's public methods: the runner drives it, the supervisor only reads its views
+DRIVING = {"handle", "tick", "finish", "wake_at"}
+VIEWS = {"snapshot", "capacity"}
+ENTRY_POINTS = DRIVING | VIEWS
 
 
 def controller_reads(tree: ast.Module) -> list[tuple[int, str]]:
@@ -30,12 +34,14 @@ def controller_reads(tree: ast.Module) -> list[tuple[int, str]]:
 
 
 def test_the_supervisor_uses_only_the_controllers_entry_points() -> None:
-    """Inputs in (`handle`, `tick`, `finish`), actions out, `wake_at` for the loop's timeout and
-    `snapshot` for the status line, metrics and status file, `capacity` for the run's record in the
-    job's history: no attribute of the controller's state."""
+    """The runner drives the controller (inputs in with `handle`, timers with `tick`, `finish`,
+    `wake_at` for the loop's timeout); the supervisor reads only `snapshot` (the status line,
+    metrics and status file) and `capacity` (the run's record in the job's history): no attribute
+    of the controller's state, and it calls none of the driving ones itself."""
     tree = ast.parse(SUPERVISOR.read_text(encoding="utf-8"))
     reads = controller_reads(tree)
-    assert {name for _, name in reads} == ENTRY_POINTS
+    assert {name for _, name in reads} == VIEWS
+    assert {name for _, name in controller_reads(ast.parse(RUNNER.read_text(encoding="utf-8")))} == DRIVING
     assert all(callable(getattr(controller.Controller, name)) for name in ENTRY_POINTS)
     modes = [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Attribute) and n.attr == "Mode"]
     assert modes == []  # nor does it look at the controller's mode

@@ -36,6 +36,8 @@ from esiwrap import events as ev
 from esiwrap.core import controller as core
 from esiwrap.core import history, state
 from esiwrap.core.controller import Controller, ControllerConfig, Now
+from esiwrap.core.effects import Effects
+from esiwrap.core.runner import Runner
 from esiwrap.core.snapshot import Snapshot
 from esiwrap.envvars import HOOK_SWITCH_ENV, RUN_ID_ENV, SIGNAL_ENV, SOCKET_ENV, TRAINER_SIGTERM_SAVE
 from esiwrap.errors import (
@@ -84,7 +86,9 @@ class SupervisorConfig:
     max_no_progress_runs: int = 3  # `--max-no-progress-runs`: the guard (0: off)
 
 
-class Supervisor:
+class Supervisor(Effects):
+    """Runs the command and carries out the core's actions in the real world (`Effects`)."""
+
     def __init__(
         self,
         config: SupervisorConfig,
@@ -96,7 +100,7 @@ class Supervisor:
     ) -> None:
         self.config = config
         self._before_checkpointed_exit = before_checkpointed_exit  # the Slurm requeue
-        self.log = get_logger()
+        self.logger = get_logger()
         started, host = clock(), socket.gethostname()
         self._job_state, state_note = _load_state(config.state_file, started)
         if self._job_state is not None:
@@ -111,13 +115,12 @@ class Supervisor:
         self._kept: core.KeepState | None = None  # the controller's latest KeepState
         self._heartbeat_at = time.monotonic() + history.HEARTBEAT_S
         self.controller = Controller(config.controller, prior=prior, resume_from=resume_from)
+        self._runner = Runner(self.controller, self, self._now)  # the core, driven in the one order
         self._state_note = state_note  # logged once the child runs
         self._state_failed = False
         self._child_pid: int | None = None  # what we spawned...
         self._child_reaped = False  # ...and whether its exit was collected
         self._stopping = False  # the controller asked for the tree to be checked: it stops for good
-        self._queued: list[core.Input] = []  # what carrying out actions produced, fed next
-        self._feeding = False
         self._upload: upload.UploadProcess | None = None
         self._background: queue.SimpleQueue[core.Input] = queue.SimpleQueue()  # from helper threads
         self._environ = dict(os.environ if environ is None else environ)
@@ -153,11 +156,11 @@ class Supervisor:
             self._end_run(halt.cause)
             return self._exit(halt.reason, halt.exit_status)
         except CommandError as exc:
-            self.log.error(ev.COMMAND_FAILED, reason=str(exc))
+            self.logger.error(ev.COMMAND_FAILED, reason=str(exc))
             self._end_run()
             return self._exit(str(exc), exc.exit_status)
         except Exception as exc:  # a bug of ours: say so in one line, leave the child a clean stop
-            self.log.error(ev.SUPERVISOR_FAILED, error=f"{type(exc).__name__}: {exc}", exc_info=True)
+            self.logger.error(ev.SUPERVISOR_FAILED, error=f"{type(exc).__name__}: {exc}", exc_info=True)
             self._forward_stop_signal()
             self._end_run()
             return self._exit(f"internal error: {exc}", EXIT_FAILURE)
@@ -169,9 +172,9 @@ class Supervisor:
         if code == EXIT_CHECKPOINTED and self._before_checkpointed_exit is not None:
             # Last, once the child's tree is gone: a Slurm requeue signals every process of the job.
             level, event, fields = self._before_checkpointed_exit()
-            getattr(self.log, level)(event, **fields)
+            getattr(self.logger, level)(event, **fields)
         snapshot = self._snapshot()
-        self.log.info(ev.SUPERVISOR_EXIT, code=code, reason=reason, last_step=snapshot.last_step,
+        self.logger.info(ev.SUPERVISOR_EXIT, code=code, reason=reason, last_step=snapshot.last_step,
                       checkpoint_step=snapshot.last_checkpoint_step, durable_step=snapshot.durable_step,
                       lateness=snapshot.lateness())
         return code
@@ -189,9 +192,9 @@ class Supervisor:
             return
         if self._state_note is not None:
             level, event, fields = self._state_note
-            getattr(self.log, level)(event, **fields)
+            getattr(self.logger, level)(event, **fields)
             self._state_note = None
-        self.log.error(ev.NO_PROGRESS, path=self.config.state_file, limit=self.config.max_no_progress_runs,
+        self.logger.error(ev.NO_PROGRESS, path=self.config.state_file, limit=self.config.max_no_progress_runs,
                        **verdict.fields())
         reason = (f"no progress in the job's last {len(verdict.runs)} runs ({verdict.cause}); not "
                   "started (--max-no-progress-runs)")
@@ -218,7 +221,7 @@ class Supervisor:
         self._feed(core.ChildStarted(pid, tuple(self.config.argv), self.config.settings, host))
         if self._state_note is not None:
             level, event, fields = self._state_note
-            getattr(self.log, level)(event, **fields)
+            getattr(self.logger, level)(event, **fields)
         if self._static:  # known before READY, so the first status line already has the deadline
             self._feed(core.DeadlineAnswers(tuple(ask(s, self._clock()) for s in self._static)))
         self._systemd.ready(*systemd.status_parts(self._snapshot()), time.monotonic())
@@ -233,7 +236,7 @@ class Supervisor:
         self._observer.close()
         self._watcher.stop()
         self._prober.stop()
-        self._apply(self.controller.finish(self._now()))  # the job's state, kept once more
+        self._runner.finish()  # the job's state, kept once more
         if self._run.ending == "running":  # left the loop with no ending said: a failure of its own
             self._run = replace(self._run, ending="other")
         self._write_state(self._clock())  # ...with this run's end in its history
@@ -264,8 +267,7 @@ class Supervisor:
             now = self._now()
             # how late the loop ran against the wake-up it asked for (a starved node): plan margin
             late = now.mono - wake_at if now.mono >= wake_at else None
-            self._apply(self.controller.tick(now, late))
-            self._feed_queued()
+            self._runner.wake(late)
             snapshot = self._snapshot()
             self._tell_systemd(snapshot)
             self._publish(snapshot)
@@ -287,7 +289,7 @@ class Supervisor:
 
     def _next_timeout(self) -> float:
         waits = [MAX_WAIT_S, self._systemd.ping_in(time.monotonic())]
-        due = self.controller.wake_at(self._now())
+        due = self._runner.wake_in()
         if due is not None:
             waits.append(due)
         if self._stopping and not HAS_PIDFD:
@@ -299,33 +301,11 @@ class Supervisor:
         return max(0.0, min(waits))
 
     def _feed(self, input_: core.Input) -> None:
-        self._queued.append(input_)
-        self._feed_queued()
-
-    def _feed_queued(self) -> None:
-        """Hand the controller each queued input in turn; carrying out its actions may queue more
-        (an upload started, the tree checked), which follow in order rather than inside the
-        actions' loop. Timers fire only in `tick`, after each wake-up's inputs: what was waiting
-        when the loop woke (a step report, save_begin and save_end read together from the
-        channel) is all applied before a timer that fell due while the loop was held up (the
-        deadline) decides; the first of them firing it counted a save acknowledged in time as
-        missed (exit 76)."""
-        if self._feeding:
-            return
-        self._feeding = True
-        try:
-            while self._queued:
-                self._apply(self.controller.handle(self._queued.pop(0), self._now(), fire_timers=False))
-        finally:
-            self._feeding = False
+        """What happened, to the core (`esiwrap.core.runner`: applied now, or after the actions
+        being carried out when it follows from one of them)."""
+        self._runner.feed(input_)
 
     # ------------------------------------------------------------------ the job's state file
-    def _keep_state(self, kept: core.KeepState) -> None:
-        """Have what this run measured written to --state-file (the controller says when), by the
-        files' thread: the newest state wins, the loop does not wait for the disk."""
-        self._kept = kept
-        self._write_state(self._clock())
-
     def _write_state(self, now: float) -> None:
         """The state file as of now: what the controller last kept, and this run's record."""
         path = self.config.state_file
@@ -360,56 +340,76 @@ class Supervisor:
         (a full disk must not flood the log or stop training)."""
         if error is not None and not self._state_failed:
             self._state_failed = True
-            self.log.warning(ev.STATE_NOT_SAVED, path=path, error=f"{error.strerror or error}")
+            self.logger.warning(ev.STATE_NOT_SAVED, path=path, error=f"{error.strerror or error}")
 
-    # ------------------------------------------------------------------ carrying out actions
-    def _apply(self, actions: Sequence[core.Action]) -> None:
-        for action in actions:
-            if isinstance(action, core.Log):
-                getattr(self.log, action.level)(action.event, **action.fields)
-            elif isinstance(action, core.SendSignal):
-                signum = signal_number(action.signal)
-                for pid in action.pids:
-                    if signum is not None:
-                        process.send(pid, signum)
-            elif isinstance(action, core.StopChild):
-                self._stop_child(action.signal)
-            elif isinstance(action, core.KillTree):
-                self._kill_tree()
-            elif isinstance(action, core.TermLeftovers):
-                process.signal_all(self._tree_remaining(), signal.SIGTERM)
-            elif isinstance(action, core.CheckTree):
-                self._stopping = True
-                self._check_tree()
-            elif isinstance(action, core.KeepState):
-                self._keep_state(action)
-            elif isinstance(action, core.NotifyStopping):
-                self._systemd.stopping()
-            elif isinstance(action, core.ExtendStopTimeout):
-                self._systemd.extend_stop(action.seconds)
-            elif isinstance(action, core.ProbeStorage):
-                self._prober.submit(action.path, action.previous, action.max_bytes)
-            elif isinstance(action, core.StartUpload):
-                self._start_upload(action)
-            elif isinstance(action, core.StopUpload):
-                signum = signal_number(action.signal)
-                if self._upload is not None and signum is not None:
-                    self._upload.signal(signum)
-            elif isinstance(action, core.CheckFilesystem):
-                self._check_filesystem(action.path)
-            elif isinstance(action, core.ReleaseCapacity):
-                self._release_capacity()
-            elif isinstance(action, core.Exit):
-                raise Halt(action.reason, action.code, action.cause)
+    # ------------------------------------------------------------------ effects: the core's actions
+    def log(self, action: core.Log) -> None:
+        getattr(self.logger, action.level)(action.event, **action.fields)
+
+    def send_signal(self, action: core.SendSignal) -> None:
+        signum = signal_number(action.signal)
+        if signum is not None:
+            for pid in action.pids:
+                process.send(pid, signum)
+
+    def stop_child(self, action: core.StopChild) -> None:
+        """Remember the child's tree, then send the child the stop sequence's first signal."""
+        child = self._child_pid
+        if child is None:
+            return
+        self._tree.snapshot(child)
+        signum = signal_number(action.signal) if action.signal else None
+        if signum is not None:
+            process.send(child, signum)
+
+    def kill_tree(self, action: core.KillTree) -> None:
+        remaining = self._tree_remaining()
+        if remaining:
+            self.logger.warning(ev.CHILD_KILLED, signal="SIGKILL", pids=[p.pid for p in remaining])
+        process.signal_all(remaining, signal.SIGKILL)
+
+    def term_leftovers(self, action: core.TermLeftovers) -> None:
+        process.signal_all(self._tree_remaining(), signal.SIGTERM)
+
+    def check_tree(self, action: core.CheckTree) -> None:
+        """While stopping: reap, watch what is left, and tell the controller how much that is."""
+        self._stopping = True
+        self._reap()
+        remaining = self._tree_remaining()
+        self._tree.watch(remaining)
+        self._feed(core.TreeChecked(len(remaining)))
+
+    def keep_state(self, action: core.KeepState) -> None:
+        """Have what this run measured written to --state-file (the controller says when), by the
+        files' thread: the newest state wins, the loop does not wait for the disk."""
+        self._kept = action
+        self._write_state(self._clock())
+
+    def notify_stopping(self, action: core.NotifyStopping) -> None:
+        self._systemd.stopping()
+
+    def extend_stop_timeout(self, action: core.ExtendStopTimeout) -> None:
+        self._systemd.extend_stop(action.seconds)
+
+    def probe_storage(self, action: core.ProbeStorage) -> None:
+        self._prober.submit(action.path, action.previous, action.max_bytes)
+
+    def stop_upload(self, action: core.StopUpload) -> None:
+        signum = signal_number(action.signal)
+        if self._upload is not None and signum is not None:
+            self._upload.signal(signum)
+
+    def exit(self, action: core.Exit) -> None:
+        raise Halt(action.reason, action.code, action.cause)
 
     # ------------------------------------------------------------------ uploads and the checkpoint's disk
-    def _start_upload(self, action: core.StartUpload) -> None:
+    def start_upload(self, action: core.StartUpload) -> None:
         """Run the --upload command for this checkpoint; its end comes through reaping."""
         template = self.config.upload
         if template is None:
             return
         if upload.needs_path(template) and not action.path:
-            self._queued.append(core.UploadExited(0, None, error="the trainer reported no checkpoint path "
+            self._feed(core.UploadExited(0, None, error="the trainer reported no checkpoint path "
                                                   "to put in {path}: report it in saving(step, path)"))
             return
         env = {k: v for k, v in self._environ.items() if k not in systemd.CHILD_UNSET}
@@ -418,12 +418,12 @@ class Supervisor:
         try:
             self._upload = upload.UploadProcess.start(template, action.path, action.step, env)
         except OSError as exc:
-            self._queued.append(core.UploadExited(0, EXIT_NOT_EXECUTABLE, error=f"cannot start "
+            self._feed(core.UploadExited(0, EXIT_NOT_EXECUTABLE, error=f"cannot start "
                                                   f"{upload.SHELL}: {exc.strerror or exc}"))
             return
         if self._upload.stderr_fd is not None:
             self._selector.register(self._upload.stderr_fd, selectors.EVENT_READ, self._on_upload_stderr)
-        self._queued.append(core.UploadStarted(self._upload.pid))
+        self._feed(core.UploadStarted(self._upload.pid))
 
     def _on_upload_stderr(self, key: selectors.SelectorKey) -> None:
         running = self._upload
@@ -449,8 +449,10 @@ class Supervisor:
         with contextlib.suppress(KeyError, ValueError):
             self._selector.unregister(fd)
 
-    def _check_filesystem(self, path: str) -> None:
+    def check_filesystem(self, action: core.CheckFilesystem) -> None:
         """One look at what holds the checkpoint, on a thread: a stat can hang on a dead mount."""
+        path = action.path
+
         def look() -> None:
             found = durability.filesystem_of(path)
             self._background.put(core.FilesystemChecked(path, found.kind, found.fstype, found.mount_point,
@@ -459,23 +461,14 @@ class Supervisor:
 
         threading.Thread(target=look, name="esiwrap-filesystem", daemon=True).start()
 
-    def _release_capacity(self) -> None:
+    def release_capacity(self, action: core.ReleaseCapacity) -> None:
         """On the way out with exit 75: each source may let its platform go ahead. Only the
         exit waits for it (the child's tree is gone), each source bounding its own time."""
         for source in self._sources:
             released = release(source)
             if released is not None:
-                log = self.log.info if released.ok else self.log.warning
+                log = self.logger.info if released.ok else self.logger.warning
                 log(ev.CAPACITY_RELEASED, source=source.name, ok=released.ok, detail=released.detail)
-
-    def _stop_child(self, name: str | None) -> None:
-        child = self._child_pid
-        if child is None:
-            return
-        self._tree.snapshot(child)
-        signum = signal_number(name) if name else None
-        if signum is not None:
-            process.send(child, signum)
 
     def _tree_remaining(self) -> list[Any]:
         """The child's tree as the stop sequence sees it: without the upload helper, whose end the
@@ -487,26 +480,12 @@ class Supervisor:
         helper = {running.pid, *(p.pid for p in process.descendants(running.pid))}
         return [p for p in remaining if p.pid not in helper]
 
-    def _kill_tree(self) -> None:
-        remaining = self._tree_remaining()
-        if remaining:
-            self.log.warning(ev.CHILD_KILLED, signal="SIGKILL", pids=[p.pid for p in remaining])
-        process.signal_all(remaining, signal.SIGKILL)
-
     def _forward_stop_signal(self) -> None:
         child = self._child_pid
         signum = signal_number(self.config.controller.stop_signal)
         if child is not None and not self._child_reaped and signum is not None:
             process.send(child, signum)
 
-    def _check_tree(self) -> None:
-        """While stopping: reap, watch what is left, and tell the controller how much that is."""
-        self._reap()
-        remaining = self._tree_remaining()
-        self._tree.watch(remaining)
-        self._feed(core.TreeChecked(len(remaining)))
-
-    # ------------------------------------------------------------------ inputs
     def _on_signal_bytes(self, _: selectors.SelectorKey) -> None:
         assert self._signals is not None
         try:

@@ -23,8 +23,10 @@ from dataclasses import dataclass, field, replace
 
 from esiwrap.core import controller as core
 from esiwrap.core.controller import Controller, ControllerConfig, Now
+from esiwrap.core.effects import Effects
 from esiwrap.core.history import RunRecord
 from esiwrap.core.policy import PolicyConfig, Prior
+from esiwrap.core.runner import Runner
 from esiwrap.core.values import Answer, CapacityKind, Deadline
 
 
@@ -193,14 +195,15 @@ TRAINER_PID = 1000  # the simulated trainer is the direct child and says hello a
 UPLOAD_PID = 2000  # the simulated upload helper
 
 
-class _Shell:
+class _Shell(Effects):
     """What `esiwrap.shell.supervisor` does around the controller, on a simulated clock.
 
-    The controller is esiwrap's own `esiwrap.core.controller.Controller`; this shell only carries out its
-    actions: the save signal raises the trainer's flag (seen at the trainer's next boundary), and
-    any stop ends training (the run keeps what its last durable save holds). An asynchronous
-    write in flight reports its end when it is durable, and an upload its end when it is over, in
-    time order with everything else.
+    The controller is esiwrap's own `esiwrap.core.controller.Controller`, driven by the
+    supervisor's own `esiwrap.core.runner.Runner`; this shell is the runner's world (`Effects`): the
+    save signal raises the trainer's flag (seen at the trainer's next boundary), and any stop ends
+    training (the run keeps what its last durable save holds). An asynchronous write in flight
+    reports its end when it is durable, and an upload its end when it is over, in time order with
+    everything else: each is one wake-up of the supervisor's loop.
     """
 
     def __init__(self, trace: Trace, config: ControllerConfig, tally: Tally) -> None:
@@ -208,6 +211,7 @@ class _Shell:
         prior = Prior(trace.prior_steps, trace.prior_saves, (), trace.prior_uploads, trace.prior_runs,
                       trace.prior_runs_at) if known else None
         self.controller = Controller(config, prior=prior)
+        self.runner = Runner(self.controller, self, lambda: Now(self.now, self.now))
         self.tally = tally
         self.trace = trace
         self.now = 0.0
@@ -230,44 +234,77 @@ class _Shell:
         return self.stopped_at is not None
 
     def feed(self, input_: core.Input) -> None:
-        """Hand over one input; what carrying out its actions produced (an upload started, a probe
-        measured) follows in order, as in the supervisor."""
-        queue = [input_]
-        while queue:
-            queue.extend(self._apply(self.controller.handle(queue.pop(0), Now(self.now, self.now))))
+        """One wake-up of the supervisor's loop with this input: it and what follows from it, then
+        the timers that fell due."""
+        self.runner.feed(input_)
+        self.runner.wake()
 
-    def _apply(self, actions: list[core.Action]) -> list[core.Input]:
-        """Carry out the actions; return the inputs that follow from them."""
-        follow: list[core.Input] = []
-        probed = False
-        for action in actions:
-            if isinstance(action, core.SendSignal) and TRAINER_PID in action.pids \
-                    and action.signal == self.controller.config.save_signal:
-                self.flag = True
-            elif isinstance(action, (core.StopChild, core.KillTree, core.Exit)) and self.stopped_at is None:
-                self.stopped_at = self.now
-            elif isinstance(action, core.ProbeStorage) and action.path is not None:
-                probed = True
-            elif isinstance(action, core.StartUpload) and self.trace.uploads is not None:
-                began = self.now
-                self.upload = (action.step, began, began + self.trace.uploads[action.step - 1])
-                follow.append(core.UploadStarted(UPLOAD_PID))
-            elif isinstance(action, core.StopUpload) and self.upload is not None:
-                step, began, _ = self.upload
-                self.upload = None  # cut off: the checkpoint stays local
-                self.tally.uploaded(step, began, math.inf)
-                follow.append(core.UploadExited(UPLOAD_PID, None, action.signal))
-            if isinstance(action, core.Exit):
-                self.exited = True
-        if probed:  # the probe's answer: its error was drawn with the trace (a second of writing: 0 here)
-            follow.append(core.StorageProbed("sim", self.probe_bps))
-        return follow
+    # ------------------------------------------------------------------ effects, simulated
+    def send_signal(self, action: core.SendSignal) -> None:
+        if TRAINER_PID in action.pids and action.signal == self.controller.config.save_signal:
+            self.flag = True
+
+    def stop_child(self, action: core.StopChild) -> None:
+        self._stopped()
+
+    def kill_tree(self, action: core.KillTree) -> None:
+        self._stopped()
+
+    def exit(self, action: core.Exit) -> None:
+        self._stopped()
+        self.exited = True
+
+    def _stopped(self) -> None:
+        if self.stopped_at is None:
+            self.stopped_at = self.now
+
+    def probe_storage(self, action: core.ProbeStorage) -> None:
+        """The probe's answer: its error was drawn with the trace (a second of writing: 0 here)."""
+        if action.path is not None:
+            self.runner.feed(core.StorageProbed("sim", self.probe_bps))
+
+    def start_upload(self, action: core.StartUpload) -> None:
+        if self.trace.uploads is not None:
+            began = self.now
+            self.upload = (action.step, began, began + self.trace.uploads[action.step - 1])
+            self.runner.feed(core.UploadStarted(UPLOAD_PID))
+
+    def stop_upload(self, action: core.StopUpload) -> None:
+        if self.upload is not None:
+            step, began, _ = self.upload
+            self.upload = None  # cut off: the checkpoint stays local
+            self.tally.uploaded(step, began, math.inf)
+            self.runner.feed(core.UploadExited(UPLOAD_PID, None, action.signal))
+
+    def log(self, action: core.Log) -> None:
+        pass  # the tables are counted from the trainer's side (`Tally`)
+
+    def term_leftovers(self, action: core.TermLeftovers) -> None:
+        pass  # the simulated trainer is gone with its stop
+
+    def check_tree(self, action: core.CheckTree) -> None:
+        pass  # its end is fed when training is over (`wind_down`)
+
+    def keep_state(self, action: core.KeepState) -> None:
+        pass  # a job's runs share their state in `benchmarks/jobs.py`
+
+    def notify_stopping(self, action: core.NotifyStopping) -> None:
+        pass
+
+    def extend_stop_timeout(self, action: core.ExtendStopTimeout) -> None:
+        pass
+
+    def check_filesystem(self, action: core.CheckFilesystem) -> None:
+        pass  # the simulated checkpoint is on storage that outlives the run
+
+    def release_capacity(self, action: core.ReleaseCapacity) -> None:
+        pass
 
     def advance(self, until: float, *, after_stop: bool = False) -> None:
         """Timers, deadline announcements, a write becoming durable and an upload ending, up to
         `until`, in order (`after_stop`: training is over, the uploads and the timers go on)."""
         while not self.exited and (after_stop or not self.stopped):
-            wait = self.controller.wake_at(Now(self.now, self.now))
+            wait = self.runner.wake_in()
             timer = math.inf if wait is None else self.now + wait
             change_at = self.changes[0].at if self.changes and not after_stop else math.inf
             durable_at = self.in_flight.durable if self.in_flight is not None else math.inf
@@ -283,8 +320,7 @@ class _Shell:
             elif change_at == first:
                 self.feed(core.DeadlineAnswers((self._answer(self.changes.pop(0).deadline),)))
             else:
-                for input_ in self._apply(self.controller.tick(Now(self.now, self.now))):
-                    self.feed(input_)
+                self.runner.wake()
         self.now = max(self.now, until)
 
     def finish_upload(self) -> None:
@@ -307,7 +343,7 @@ class _Shell:
             self.feed(core.ChildExited(TRAINER_PID, 0))
             self.feed(core.TreeChecked(0))
         while not self.exited and self.now <= self.trace.reclaim_at:
-            wait = self.controller.wake_at(Now(self.now, self.now))
+            wait = self.runner.wake_in()
             nxt = min(self.now + wait if wait is not None else math.inf,
                       self.upload[2] if self.upload is not None else math.inf)
             if nxt == math.inf:

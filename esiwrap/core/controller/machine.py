@@ -150,16 +150,13 @@ class Controller:
         return self.planner.saves_done
 
     # ------------------------------------------------------------------ the entry points
-    def handle(self, input_: Input, now: Now, *, fire_timers: bool = True) -> list[Action]:
-        """React to one input, then fire whatever timer it made due. Anything that is not an
-        `Input` is the caller's bug: TypeError at once. `fire_timers=False` leaves the timers to
-        `tick`: the shell applies every input that was waiting when its loop woke before a timer
-        that fell due meanwhile decides (a save_end read behind a step report, late)."""
+    def handle(self, input_: Input, now: Now) -> list[Action]:
+        """React to one input; the timers it made due fire at the next `tick` (`esiwrap.core.runner`:
+        every input that was waiting when the loop woke is applied before a timer decides).
+        Anything that is not an `Input` is the caller's bug: TypeError at once."""
         if isinstance(input_, TRAINER_REPORTS) and not self.roster.attached(input_.pid):
             return self.out.take()  # only a trainer that said hello reports steps and saves
         self._route(input_, now)
-        if fire_timers:
-            self._fire_timers(now)
         return self.out.take()
 
     def _route(self, input_: Input, now: Now) -> None:
