@@ -132,12 +132,14 @@ def modes_block(page: str) -> str:
     """The decision core's modes as a Mermaid state diagram (the site and GitHub draw it), and the
     same table as text."""
     diagram = ["```mermaid", "stateDiagram-v2", f"    [*] --> {Mode.RUNNING.value}"]
-    rows = ["| mode | cause | moves to |", "|---|---|---|"]
+    rows = ["| mode | moves to, and on what | stays on |", "|---|---|---|"]
     for mode, moves in TRANSITIONS.items():
-        for cause, target in moves.items():
-            diagram.append(f"    {mode.value} --> {target.value}: {cause}")
-            rows.append(f"| `{mode.value}` | {cause} | `{target.value}` |")
-    diagram += [f"    {mode.value} --> [*]: exit" for mode in (Mode.STOPPING, Mode.KILLING, Mode.UPLOADING)]
+        goes = [(cause, target) for cause, target in moves.items() if isinstance(target, Mode)]
+        stays = [cause for cause, target in moves.items() if not isinstance(target, Mode)]
+        diagram += [f"    {mode.value} --> {target.value}: {cause}" for cause, target in goes]
+        moved = ", ".join(f"`{target.value}` ({cause})" for cause, target in goes) or "nothing"
+        rows.append(f"| `{mode.value}` | {moved} | {', '.join(stays) or '-'} |")
+    diagram.append(f"    {Mode.EXITED.value} --> [*]")
     return "\n".join([*diagram, "```", "", *rows])
 
 

@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from esiwrap.core.controller import TRANSITIONS, IllegalMove, Mode
-from esiwrap.core.controller.modes import Modes
+from esiwrap.core.controller.modes import STAY, Cause, Modes
 from esiwrap.core.controller.outbox import Outbox
 from esiwrap.core.controller.protocol import Now
 from esiwrap.core.controller.saves import SaveCycle
@@ -20,31 +20,32 @@ CAUSES = sorted({cause for moves in TRANSITIONS.values() for cause in moves})
 
 
 def test_every_mode_is_in_the_table_and_every_move_lands_on_a_mode() -> None:
-    """The table names every mode once; uploading is the last (nothing moves it); only a stop's
-    modes lead to it."""
+    """The table names every mode once; `exited` is the last (nothing moves it), reached only from
+    a stop's modes; once stopping, never back to training."""
     assert set(TRANSITIONS) == set(Mode)
-    assert TRANSITIONS[Mode.UPLOADING] == {}
-    assert {mode for mode, moves in TRANSITIONS.items() if Mode.UPLOADING in moves.values()} == \
-        {Mode.STOPPING, Mode.KILLING}
-    stopping = {Mode.STOPPING, Mode.KILLING, Mode.UPLOADING}
-    for mode in stopping:  # once stopping, never back to training
-        assert set(TRANSITIONS[mode].values()) <= stopping
+    assert all(target is STAY for target in TRANSITIONS[Mode.EXITED].values())
+    stopping = {Mode.STOPPING, Mode.KILLING, Mode.UPLOADING, Mode.EXITED}
+    assert {mode for mode, moves in TRANSITIONS.items() if Mode.EXITED in moves.values()} == \
+        stopping - {Mode.EXITED}
+    for mode in stopping:
+        assert {target for target in TRANSITIONS[mode].values() if target is not STAY} <= stopping
 
 
-def test_a_move_the_table_does_not_list_is_refused() -> None:
-    """IllegalMove, and the mode stays as it was."""
+def test_a_move_the_table_does_not_list_is_refused_and_a_stay_moves_nothing() -> None:
+    """IllegalMove, and the mode stays as it was; a listed stay is not a move (False)."""
     modes = Modes()
     with pytest.raises(IllegalMove, match="no move from running on 'kill'"):
         modes.move("kill")
     assert modes.mode is Mode.RUNNING
-    assert modes.move("stop") is Mode.STOPPING
+    assert modes.move("acknowledged") is False and modes.mode is Mode.RUNNING
+    assert modes.move("stop") is True and modes.mode is Mode.STOPPING
     with pytest.raises(IllegalMove):
-        modes.move("acknowledged")
+        modes.move("drain")
 
 
 @given(st.lists(st.sampled_from(CAUSES), max_size=30))
-def test_moves_follow_the_table_whatever_is_asked(causes: list[str]) -> None:
-    """Any sequence of causes: each is either the table's move or refused, nothing else."""
+def test_moves_follow_the_table_whatever_is_asked(causes: list[Cause]) -> None:
+    """Any sequence of causes: each is the table's move, its stay, or refused; nothing else."""
     modes = Modes()
     for cause in causes:
         before = modes.mode
@@ -53,8 +54,10 @@ def test_moves_follow_the_table_whatever_is_asked(causes: list[str]) -> None:
             with pytest.raises(IllegalMove):
                 modes.move(cause)
             assert modes.mode is before
+        elif expected is STAY:
+            assert modes.move(cause) is False and modes.mode is before
         else:
-            assert modes.move(cause) is expected
+            assert modes.move(cause) is True and modes.mode is expected
 
 
 def test_the_first_due_timer_in_the_firing_order_fires() -> None:

@@ -14,7 +14,7 @@ import math
 from dataclasses import MISSING, asdict, dataclass, fields
 from typing import Any
 
-PHASES = ("running", "save_requested", "draining", "continuing", "stopping", "killing", "uploading")
+PHASES = ("running", "save_requested", "draining", "continuing", "stopping", "killing", "uploading", "exited")
 
 
 @dataclass(frozen=True)

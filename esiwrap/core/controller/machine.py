@@ -109,11 +109,11 @@ class Controller:
             UploadExited: self._on_upload_exited, FilesystemChecked: self._on_filesystem_checked,
         }
         self._timer_handlers: Mapping[TimerName, Callable[[Now], None]] = {
-            "upload retry": self._retry_upload, "upload cut-off": self._upload_cut_off,
-            "linger": self._linger_over, "ack wait": self._ack_wait_over, "stop": self._stop_timer,
-            "deadline": self._deadline_reached, "unattached stop": self._nobody_to_save,
-            "save signal": self._save_signal_due, "storage probe": self._probe_again,
-            "upload decision": self._no_further_save,
+            "upload retry": self._on_upload_retry, "upload cut-off": self._on_upload_cut_off,
+            "linger": self._on_linger, "ack wait": self._on_ack_wait, "stop": self._on_stop,
+            "deadline": self._on_deadline, "unattached stop": self._on_unattached_stop,
+            "save signal": self._on_save_signal, "storage probe": self._on_storage_probe,
+            "upload decision": self._on_upload_decision,
         }
 
     # ------------------------------------------------------------------ what others read
@@ -173,7 +173,7 @@ class Controller:
         if late_s is not None:
             self.obs.timer_late.record(late_s)
         self._fire_timers(now)
-        if self.mode in (Mode.STOPPING, Mode.KILLING) and not self.stopping.exited:
+        if self.mode in (Mode.STOPPING, Mode.KILLING):
             self.out.act(CheckTree())
         return self.out.take()
 
@@ -208,7 +208,7 @@ class Controller:
     # ------------------------------------------------------------------ timers
     def _timers(self) -> list[Timer]:
         mode, deadline = self.mode, self.book.deadline
-        return [*self.uploads.timers(self.stopping.exited), *self.stopping.timers(mode),
+        return [*self.uploads.timers(mode is Mode.EXITED), *self.stopping.timers(mode),
                 *self.book.timers(mode), *self.saves.timers(mode, deadline, self.config.stop_grace_s),
                 *self.planner.timers(mode, deadline), *self.probe.timers(mode, deadline)]
 
@@ -216,18 +216,18 @@ class Controller:
         """Fire due timers until none is: a timer's action can make another one due at once (a save
         asked for with nobody to take it, past its graceful stop)."""
         for _ in range(MAX_FIRINGS):
-            timer = None if self.stopping.exited else first_due(self._timers(), now)
+            timer = None if self.mode is Mode.EXITED else first_due(self._timers(), now)
             if timer is None:
                 return
             self._timer_handlers[timer.name](now)
 
-    def _linger_over(self, now: Now) -> None:
+    def _on_linger(self, now: Now) -> None:
         self._begin_stop("checkpoint complete", EXIT_CHECKPOINTED, "deadline", now)
 
-    def _nobody_to_save(self, now: Now) -> None:
+    def _on_unattached_stop(self, now: Now) -> None:
         self._missed("no trainer attached to save", now, level="warning")
 
-    def _save_signal_due(self, now: Now) -> None:
+    def _on_save_signal(self, now: Now) -> None:
         self._request_save("deadline", now)
 
     def _log(self, level: LogLevel, event: str, **fields: Any) -> None:
@@ -276,7 +276,7 @@ class Controller:
         self.probe.probed(probed, now)
         self._replan(now)
 
-    def _probe_again(self, now: Now) -> None:
+    def _on_storage_probe(self, now: Now) -> None:
         self.probe.again(self.roster.checkpoint_dir)
 
     def _on_trainer_gone(self, gone: TrainerGone, now: Now) -> None:
@@ -326,8 +326,7 @@ class Controller:
         if not report.peer or self.saves.request is not None or self.stopping.stop is not None:
             return
         self.saves.ask("peer", now, signalled={report.pid})
-        if self.mode is Mode.RUNNING:
-            self.modes.move("save asked")
+        self.modes.move("save asked")
         self._log("info", ev.SAVE_REQUESTED, reason="peer", kind="peer", pids=[],
                   remaining_s=self._remaining(now))
 
@@ -370,8 +369,7 @@ class Controller:
             self._begin_stop("checkpoint complete after a peer node's request", EXIT_CHECKPOINTED, "peer",
                              now)
             return
-        if self.mode is Mode.SAVE_REQUESTED:
-            self.modes.move("acknowledged")
+        self.modes.move("acknowledged")
         if request.reason in ("manual", "early_warning"):
             return  # a save by hand, or on an early warning, changes nothing in the plan
         self.planner.acknowledged(request.kind)
@@ -420,10 +418,10 @@ class Controller:
             self.planner.upload_ended()
             self._replan(now)  # the upload is measured, and the next one need not wait for it
 
-    def _retry_upload(self, now: Now) -> None:
+    def _on_upload_retry(self, now: Now) -> None:
         self.uploads.retry_now(now, self.book.deadline)
 
-    def _upload_cut_off(self, now: Now) -> None:
+    def _on_upload_cut_off(self, now: Now) -> None:
         if self.uploads.cut_off_timer(now, self.book.deadline):
             self._finish(self.uploads.exit_reason, now)
 
@@ -499,8 +497,7 @@ class Controller:
         afresh (a new insurance save)."""
         self.book.forget()
         self.planner.forget()
-        if self.mode is Mode.CONTINUING:
-            self.modes.move("deadline gone")
+        self.modes.move("deadline gone")
 
     def _early_warning(self, source: str, warning: str, now: Now) -> None:
         """A new early warning (EC2 rebalance: elevated risk of interruption) asks for a save now,
@@ -526,8 +523,7 @@ class Controller:
         if not adopted:
             return
         later = old is None or new.at > old.at
-        if self.mode is Mode.CONTINUING and later:
-            self.modes.move("deadline renewed")
+        if later and self.modes.move("deadline renewed"):  # continuing: training goes on planned
             self.planner.renewed()
         elif old is not None and later and self._renewal_fits_insurance(new.at, now):
             self.planner.reopen()
@@ -551,7 +547,7 @@ class Controller:
         if self.mode is Mode.SAVE_REQUESTED:
             self._drain(now)
 
-    def _deadline_reached(self, now: Now) -> None:
+    def _on_deadline(self, now: Now) -> None:
         if self.saves.last_checkpoint is not None:
             self._begin_stop("deadline reached", EXIT_CHECKPOINTED, "deadline", now)
             return
@@ -577,6 +573,10 @@ class Controller:
         if self.planner.replan(deadline, now, self._remaining(now)) is None:
             self._no_further_save(now)
 
+    def _on_upload_decision(self, now: Now) -> None:
+        """The plan waited for an upload's end as long as it could: decide without it."""
+        self._no_further_save(now)
+
     def _no_further_save(self, now: Now) -> None:
         """The last planned save is done: stop, or let training go on (`--after-save`)."""
         match self.planner.after_last_save(self.book.deadline, now, upload_running=self.uploads.running()):
@@ -591,8 +591,7 @@ class Controller:
             self._log("warning", ev.NO_TRAINER_ATTACHED, action="ignored", reason=reason)
             return
         request = self.saves.ask(reason, now, self.planner.plan if reason == "deadline" else None)
-        if self.mode is Mode.RUNNING:  # a save by hand while continuing keeps continuing
-            self.modes.move("save asked")
+        self.modes.move("save asked")  # a save by hand while continuing keeps continuing
         # Nothing registered (yet): a trainer that attaches in time is signalled at once; otherwise
         # the child is stopped gracefully, --stop-grace before the deadline.
         unattached = self.saves.unattached_stop_at(self.mode, self.book.deadline, self.config.stop_grace_s)
@@ -614,7 +613,7 @@ class Controller:
         self.stopping.drain(now)
         self.stopping.extend_timeout(self.mode, now)
 
-    def _ack_wait_over(self, now: Now) -> None:
+    def _on_ack_wait(self, now: Now) -> None:
         """--stop-grace after a SIGTERM (or a deadline learned too late) is over."""
         if self._save_being_written_may_finish(now):
             return
@@ -681,7 +680,7 @@ class Controller:
         self.modes.move("kill")
         self.stopping.kill(now)
 
-    def _stop_timer(self, now: Now) -> None:
+    def _on_stop(self, now: Now) -> None:
         stop = self.stopping.stop
         assert stop is not None
         if self.mode is Mode.STOPPING:
@@ -691,21 +690,20 @@ class Controller:
 
     def _exit(self, reason: str, now: Now) -> None:
         """The child's tree is gone: exit, once the last checkpoint's upload has ended."""
-        if self.uploads.outstanding() and self.mode is not Mode.UPLOADING:
-            self.modes.move("await upload")
+        if self.uploads.outstanding() and self.modes.move("await upload"):
             if self.uploads.await_at_stop(reason, now, self.book.deadline):
                 self._finish(self.uploads.exit_reason, now)
             return
         self._finish(reason, now)
 
     def _finish(self, reason: str, now: Now) -> None:
-        if self.stopping.exited:
+        if self.mode is Mode.EXITED:
             return
         code = self.stopping.exit_code(self.roster.child_status)
         last = self.saves.last_checkpoint
         if code == EXIT_CHECKPOINTED and self.config.uploads and not self.uploads.last_uploaded(last):
             code, reason = EXIT_NOT_UPLOADED, f"{reason}; {self.uploads.not_uploaded_reason(last)}"
-        self.stopping.exited = True
+        self.modes.move("exit")
         if code == EXIT_CHECKPOINTED:
             self.out.act(ReleaseCapacity())
         self.out.act(Exit(code, reason, self.stopping.stop.cause if self.stopping.stop else ""))

@@ -17,6 +17,11 @@ design page's diagram is drawn from this table (`scripts/gen_reference.py`).
     KILLING         SIGKILL went to the tree; the wait for it to vanish
     UPLOADING       the child's tree is gone; the last checkpoint's upload (`--upload`) is ending:
                     until it does, or until it must be cut off to exit before the deadline
+    EXITED          the exit is decided (`Exit`): no timer fires, nothing moves any more
+
+Each mode lists every cause that can reach it: where it goes, or `STAY` (the cause leaves this mode
+as it is: a save asked for by hand while continuing keeps continuing; an acknowledgement while
+stopping changes no mode). A cause a mode does not list is a bug (`IllegalMove`).
 """
 
 from __future__ import annotations
@@ -34,25 +39,46 @@ class Mode(enum.Enum):
     STOPPING = "stopping"
     KILLING = "killing"
     UPLOADING = "uploading"
+    EXITED = "exited"
 
 
 Cause = Literal[
     "save asked", "acknowledged", "no further save", "deadline renewed", "deadline gone", "drain", "stop",
-    "kill", "await upload",
+    "kill", "await upload", "exit",
 ]
 
-_STOP: Mapping[Cause, Mode] = {"drain": Mode.DRAINING, "stop": Mode.STOPPING}
 
-TRANSITIONS: Mapping[Mode, Mapping[Cause, Mode]] = {
-    Mode.RUNNING: {"save asked": Mode.SAVE_REQUESTED, "no further save": Mode.CONTINUING, **_STOP},
-    Mode.SAVE_REQUESTED: {"acknowledged": Mode.RUNNING, **_STOP},
-    Mode.DRAINING: {"stop": Mode.STOPPING},
-    Mode.CONTINUING: {"deadline renewed": Mode.RUNNING, "deadline gone": Mode.RUNNING, **_STOP},
-    Mode.STOPPING: {"kill": Mode.KILLING, "await upload": Mode.UPLOADING},
-    Mode.KILLING: {"await upload": Mode.UPLOADING},
-    Mode.UPLOADING: {},
+class Stay(enum.Enum):
+    """The cause is listed and leaves the mode as it is."""
+
+    STAY = "stay"
+
+
+STAY = Stay.STAY
+Target = Mode | Stay
+
+_STOP: Mapping[Cause, Target] = {"drain": Mode.DRAINING, "stop": Mode.STOPPING}
+# A save, its acknowledgement and the deadline's news while no save is planned any more: nothing moves.
+_STOPPED_STAYS: Mapping[Cause, Target] = {
+    "save asked": STAY, "acknowledged": STAY, "deadline renewed": STAY, "deadline gone": STAY,
 }
-"""What moves each mode, and where to. Everything else that happens leaves the mode as it is."""
+
+TRANSITIONS: Mapping[Mode, Mapping[Cause, Target]] = {
+    Mode.RUNNING: {"save asked": Mode.SAVE_REQUESTED, "no further save": Mode.CONTINUING, **_STOP,
+                   "acknowledged": STAY, "deadline renewed": STAY, "deadline gone": STAY},
+    Mode.SAVE_REQUESTED: {"acknowledged": Mode.RUNNING, **_STOP,
+                          "save asked": STAY, "deadline renewed": STAY, "deadline gone": STAY},
+    Mode.DRAINING: {"stop": Mode.STOPPING, "save asked": STAY, "acknowledged": STAY,
+                    "deadline renewed": STAY, "deadline gone": STAY},
+    Mode.CONTINUING: {"deadline renewed": Mode.RUNNING, "deadline gone": Mode.RUNNING, **_STOP,
+                      "save asked": STAY, "acknowledged": STAY},
+    Mode.STOPPING: {"kill": Mode.KILLING, "await upload": Mode.UPLOADING, "exit": Mode.EXITED,
+                    **_STOPPED_STAYS},
+    Mode.KILLING: {"await upload": Mode.UPLOADING, "exit": Mode.EXITED, **_STOPPED_STAYS},
+    Mode.UPLOADING: {"exit": Mode.EXITED, "await upload": STAY, **_STOPPED_STAYS},
+    Mode.EXITED: {**_STOPPED_STAYS},
+}
+"""What each cause does in each mode: where it goes, or STAY. A cause a mode does not list is a bug."""
 
 
 class IllegalMove(RuntimeError):
@@ -69,10 +95,14 @@ class Modes:
     def mode(self) -> Mode:
         return self._mode
 
-    def move(self, cause: Cause) -> Mode:
+    def move(self, cause: Cause) -> bool:
+        """Move as the table says; True when the mode changed (False: the table says STAY)."""
         target = TRANSITIONS[self._mode].get(cause)
         if target is None:
             msg = f"no move from {self._mode.value} on {cause!r}"
             raise IllegalMove(msg)
+        if target is STAY:
+            return False
+        assert isinstance(target, Mode)
         self._mode = target
-        return target
+        return True

@@ -39,7 +39,6 @@ class StopSequence:
         self._grace_s = stop_grace_s
         self.stop: StopState | None = None
         self.ack_until: float | None = None  # monotonic, while draining
-        self.exited = False
 
     def drain(self, now: Now) -> None:
         """Stop once the outstanding save is acknowledged; wait for it up to --stop-grace."""
