@@ -323,15 +323,16 @@ def test_the_state_is_kept_after_every_completed_save_and_once_at_the_end() -> N
     d.steps(1, 3, 1.0)
     own = d.save(3, 0.5)  # the trainer's own checkpoint
     kept = [a for a in own if isinstance(a, core.KeepState)]
-    assert len(kept) == 1 and kept[0].saves == (0.5,) and kept[0].steps == (1.0, 1.0, 1.0)
+    assert len(kept) == 1 and kept[0].state.saves == (0.5,) and kept[0].state.steps == (1.0, 1.0, 1.0)
     assert [type(a) for a in own].index(core.KeepState) > [type(a) for a in own].index(core.Log)
     d.deadline(30.0)
     d.steps(4, 25, 1.0)
     requested = d.save(28, 0.75)
-    assert [a.saves for a in requested if isinstance(a, core.KeepState)] == [(0.5, 0.75)]
-    assert [a.blocking for a in requested if isinstance(a, core.KeepState)] == [(0.75,)]
+    assert [a.state.saves for a in requested if isinstance(a, core.KeepState)] == [(0.5, 0.75)]
+    assert [a.state.blocking for a in requested if isinstance(a, core.KeepState)] == [(0.75,)]
     final = d.controller.finish(d.now)
-    assert len(final) == 1 and isinstance(final[0], core.KeepState) and final[0].saves == (0.5, 0.75)
+    assert len(final) == 1 and isinstance(final[0], core.KeepState) and final[0].state.saves == (0.5, 0.75)
+    assert final[0].state.runs[-1].ending == "other"  # left with no exit decided: a failure of its own
 
 
 def test_while_stopping_every_wake_up_asks_for_the_tree_to_be_checked() -> None:

@@ -14,7 +14,7 @@ SUPERVISOR = Path(supervisor.__file__)
 RUNNER = Path(runner.__file__)
 # the controller's public methods: the runner drives it, the supervisor only reads its views
 DRIVING = {"handle", "tick", "finish", "wake_at"}
-VIEWS = {"snapshot", "capacity"}
+VIEWS = {"snapshot"}
 ENTRY_POINTS = DRIVING | VIEWS
 
 
@@ -36,8 +36,8 @@ def controller_reads(tree: ast.Module) -> list[tuple[int, str]]:
 def test_the_supervisor_uses_only_the_controllers_entry_points() -> None:
     """The runner drives the controller (inputs in with `handle`, timers with `tick`, `finish`,
     `wake_at` for the loop's timeout); the supervisor reads only `snapshot` (the status line,
-    metrics and status file) and `capacity` (the run's record in the job's history): no attribute
-    of the controller's state, and it calls none of the driving ones itself."""
+    metrics and status file): no attribute of the controller's state, and it calls none of the
+    driving ones itself (the job's state comes decided, in `KeepState`)."""
     tree = ast.parse(SUPERVISOR.read_text(encoding="utf-8"))
     reads = controller_reads(tree)
     assert {name for _, name in reads} == VIEWS

@@ -104,13 +104,13 @@ def test_the_notice_counts_only_while_it_is_watched_on_every_node() -> None:
     (an interruption there comes unannounced). That node watching a shorter one: the shorter."""
     d = Driver()
     d.feed(core.DeadlineAnswers((spot_answer("aws-spot", 115.0),)))
-    assert d.controller.capacity() == Capacity("spot", 1, "aws-spot", 115.0)
+    assert d.controller.obs.capacity == Capacity("spot", 1, "aws-spot", 115.0)
     d.feed(core.DeadlineAnswers((Answer("node:bbbb2222/env:MLP", reason="not set", expected=True),)))
-    assert d.controller.capacity().nodes == 2 and d.controller.capacity().notice_s is None
+    assert d.controller.obs.capacity.nodes == 2 and d.controller.obs.capacity.notice_s is None
     d.feed(core.DeadlineAnswers((spot_answer("node:bbbb2222/aws-spot", 25.0),)))
-    assert d.controller.capacity().notice_s == 25.0
+    assert d.controller.obs.capacity.notice_s == 25.0
     d.feed(core.DeadlineAnswers((spot_answer("aws-spot", None),)))  # its metadata went away
-    assert d.controller.capacity().notice_s is None
+    assert d.controller.obs.capacity.notice_s is None
 
 
 def test_the_deadline_events_say_which_notice_was_watched_and_the_what_if_replays_with_it() -> None:

@@ -83,10 +83,8 @@ def supervisor_config(command: Sequence[str], values: Mapping[str, Any], run_id:
         argv=list(command),
         controller=controller_config(values),
         run_id=run_id,
-        state_file=values["state_file"],
         settings={opt.flag: values[opt.dest] for opt in RUN_OPTIONS},
         upload=values["upload"],
-        max_no_progress_runs=values["max_no_progress_runs"],
     )
 
 

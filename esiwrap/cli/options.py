@@ -332,6 +332,8 @@ def controller_config(values: Mapping[str, Any]) -> ControllerConfig:
         # the state file lives next to the checkpoints: its storage, when no trainer names one
         probe_dir=os.path.dirname(values["state_file"]) if values["state_file"] else None,
         local_checkpoints_survive=values["local_checkpoints_survive"],
+        state_file=values["state_file"],
+        max_no_progress_runs=values["max_no_progress_runs"],
     )
 
 

@@ -33,9 +33,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any, TypeGuard
 
-from esiwrap.core.controller import Checkpoint
 from esiwrap.core.history import KEEP_RUNS, RunRecord, close_vanished, record_from_json, record_to_json
 from esiwrap.core.policy import Prior
+from esiwrap.core.values import Checkpoint
 
 FORMAT = "esiwrap-state/1"
 MAX_AGE_S = 30 * 86_400.0  # older measurements describe other hardware, storage or code

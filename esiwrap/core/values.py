@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Literal, get_args
+from typing import Any, Literal, NamedTuple, get_args
 
 from esiwrap.times import iso_utc
 
@@ -79,3 +79,13 @@ def winner(answers: Iterable[Answer]) -> Deadline | None:
     overriding = [d for d in known if d.source in OVERRIDING_SOURCES]
     pool = overriding or known
     return min(pool, key=lambda d: d.at) if pool else None
+
+
+class Checkpoint(NamedTuple):
+    """A completed save: the step it holds, the wall time it completed (acknowledged), and where
+    the trainer wrote it ("" when it named no path). (The boundary it was taken at, from which
+    work is at risk, is `Observations.checkpoint_at`.)"""
+
+    step: int
+    completed_at: float
+    path: str = ""

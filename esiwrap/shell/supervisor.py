@@ -29,13 +29,14 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from esiwrap import events as ev
 from esiwrap.core import controller as core
-from esiwrap.core import history, state
+from esiwrap.core import state
 from esiwrap.core.controller import Controller, ControllerConfig, Now
+from esiwrap.core.controller.job import Job
 from esiwrap.core.effects import Effects
 from esiwrap.core.runner import Runner
 from esiwrap.core.snapshot import Snapshot
@@ -43,7 +44,6 @@ from esiwrap.envvars import HOOK_SWITCH_ENV, RUN_ID_ENV, SIGNAL_ENV, SOCKET_ENV,
 from esiwrap.errors import (
     EXIT_CHECKPOINTED,
     EXIT_FAILURE,
-    EXIT_NO_PROGRESS,
     EXIT_NOT_EXECUTABLE,
     CommandError,
     Halt,
@@ -79,11 +79,9 @@ class SupervisorConfig:
     argv: Sequence[str]
     controller: ControllerConfig = field(default_factory=ControllerConfig)  # `options.controller_config`
     run_id: str = ""
-    state_file: str | None = None
     settings: Mapping[str, Any] = field(default_factory=dict)  # the run options, logged at start
     child_env: Mapping[str, str] = field(default_factory=dict)  # added for the platform (Slurm's)
     upload: str | None = None  # `--upload CMD`: run after each completed save ({path}, {step})
-    max_no_progress_runs: int = 3  # `--max-no-progress-runs`: the guard (0: off)
 
 
 class Supervisor(Effects):
@@ -101,22 +99,14 @@ class Supervisor(Effects):
         self.config = config
         self._before_checkpointed_exit = before_checkpointed_exit  # the Slurm requeue
         self.logger = get_logger()
-        started, host = clock(), socket.gethostname()
-        self._job_state, state_note = _load_state(config.state_file, started)
-        if self._job_state is not None:
-            self._job_state = self._job_state.starting(started, host)  # runs that vanished: interrupted
-        prior = self._job_state.prior(started) if self._job_state is not None else None
-        resume_from = self._job_state.checkpoint if self._job_state is not None else None
-        # This run's record in the job's history (`esiwrap.core.history`): written as the child starts,
-        # refreshed every HEARTBEAT_S and at every state write, closed with how the run ended.
-        start_step = resume_from.step if resume_from is not None else None
-        self._run = history.RunRecord(started, started, config.run_id, start_step=start_step,
-                                      end_step=start_step, host=host)
-        self._kept: core.KeepState | None = None  # the controller's latest KeepState
-        self._heartbeat_at = time.monotonic() + history.HEARTBEAT_S
-        self.controller = Controller(config.controller, prior=prior, resume_from=resume_from)
+        started = clock()
+        state_file = config.controller.state_file
+        loaded, self._state_note = _load_state(state_file, started)  # logged as the run begins
+        # This run's place in its job: what the state file says, what it will say (`esiwrap.core.job`)
+        job = Job(loaded, started, run_id=config.run_id, host=socket.gethostname(), argv=config.argv,
+                  max_no_progress_runs=config.controller.max_no_progress_runs)
+        self.controller = Controller(config.controller, job=job)
         self._runner = Runner(self.controller, self, self._now)  # the core, driven in the one order
-        self._state_note = state_note  # logged once the child runs
         self._state_failed = False
         self._child_pid: int | None = None  # what we spawned...
         self._child_reaped = False  # ...and whether its exit was collected
@@ -147,22 +137,22 @@ class Supervisor(Effects):
         """Supervise until the child and its tree are gone; return esiwrap's exit status."""
         self._signals = early.catch()  # already done by the `esiwrap` executable, before its imports
         try:
-            self._no_progress_guard()
+            if self._state_note is not None:
+                level, event, fields = self._state_note
+                getattr(self.logger, level)(event, **fields)
+            self._feed(core.Launch())  # the no-progress guard may end the run here (exit 78)
             self._channel = ChannelServer()
             self._start_child()
             self._watcher.start()
             self._loop()
         except Halt as halt:
-            self._end_run(halt.cause)
             return self._exit(halt.reason, halt.exit_status)
         except CommandError as exc:
             self.logger.error(ev.COMMAND_FAILED, reason=str(exc))
-            self._end_run()
             return self._exit(str(exc), exc.exit_status)
         except Exception as exc:  # a bug of ours: say so in one line, leave the child a clean stop
             self.logger.error(ev.SUPERVISOR_FAILED, error=f"{type(exc).__name__}: {exc}", exc_info=True)
             self._forward_stop_signal()
-            self._end_run()
             return self._exit(f"internal error: {exc}", EXIT_FAILURE)
         finally:
             self._close()
@@ -179,38 +169,6 @@ class Supervisor(Effects):
                       lateness=snapshot.lateness())
         return code
 
-    def _no_progress_guard(self) -> None:
-        """Before the child starts: the job's last runs made no progress, so this one would not
-        either (`esiwrap.core.history.no_progress`): say why and stop with EXIT_NO_PROGRESS."""
-        job = self._job_state
-        if job is None:
-            return
-        step = sorted(job.steps)[len(job.steps) // 2] if job.steps else None
-        verdict = history.no_progress(job.runs, self.config.max_no_progress_runs, step,
-                                      max(job.saves) if job.saves else None)
-        if verdict is None:
-            return
-        if self._state_note is not None:
-            level, event, fields = self._state_note
-            getattr(self.logger, level)(event, **fields)
-            self._state_note = None
-        self.logger.error(ev.NO_PROGRESS, path=self.config.state_file, limit=self.config.max_no_progress_runs,
-                       **verdict.fields())
-        reason = (f"no progress in the job's last {len(verdict.runs)} runs ({verdict.cause}); not "
-                  "started (--max-no-progress-runs)")
-        self._run = replace(self._run, ending="no_progress")
-        self._write_state(self._clock())
-        raise Halt(reason, EXIT_NO_PROGRESS)
-
-    def _end_run(self, cause: str = "") -> None:
-        """How this run ended, for the job's history (written once more as the shell leaves):
-        from why the controller stopped it (none: esiwrap's own failure)."""
-        if self._run.ending != "running":
-            return
-        snapshot = self._snapshot()
-        deadline_in = None if snapshot.deadline_at is None else snapshot.deadline_at - self._clock()
-        self._run = replace(self._run, ending=history.ending_of(cause, deadline_in))
-
     def _start_child(self) -> None:
         assert self._channel is not None
         env = child_environment(self._environ, self._channel.path, self.config)
@@ -219,9 +177,6 @@ class Supervisor(Effects):
                                               signals=self._signals, callers_env=self._environ)
         host = socket.gethostname()  # which instance this run is on (`esiwrap report`)
         self._feed(core.ChildStarted(pid, tuple(self.config.argv), self.config.settings, host))
-        if self._state_note is not None:
-            level, event, fields = self._state_note
-            getattr(self.logger, level)(event, **fields)
         if self._static:  # known before READY, so the first status line already has the deadline
             self._feed(core.DeadlineAnswers(tuple(ask(s, self._clock()) for s in self._static)))
         self._systemd.ready(*systemd.status_parts(self._snapshot()), time.monotonic())
@@ -229,17 +184,13 @@ class Supervisor(Effects):
         self._selector.register(self._signals.read_fd, selectors.EVENT_READ, self._on_signal_bytes)
         self._selector.register(self._wake_r, selectors.EVENT_READ, self._on_watcher_wake)
         self._selector.register(self._channel, selectors.EVENT_READ, self._on_channel)
-        self._write_state(self._clock())  # this run in the job's history, from its start
         self._reap()  # a child that died before the selector existed
 
     def _close(self) -> None:
         self._observer.close()
         self._watcher.stop()
         self._prober.stop()
-        self._runner.finish()  # the job's state, kept once more
-        if self._run.ending == "running":  # left the loop with no ending said: a failure of its own
-            self._run = replace(self._run, ending="other")
-        self._write_state(self._clock())  # ...with this run's end in its history
+        self._runner.finish()  # the job's state, with how this run ended, kept once more
         self._files.close(FILES_AT_EXIT_S)
         for pid in list(self._trainer_fds):
             self._forget_trainer(pid)
@@ -271,9 +222,6 @@ class Supervisor(Effects):
             snapshot = self._snapshot()
             self._tell_systemd(snapshot)
             self._publish(snapshot)
-            if now.mono >= self._heartbeat_at:
-                self._heartbeat_at = now.mono + history.HEARTBEAT_S
-                self._write_state(now.wall)  # the run's exposure so far, should it vanish
 
     def _snapshot(self) -> Snapshot:
         return self.controller.snapshot(self._now(), self.config.run_id, os.getpid())
@@ -306,35 +254,6 @@ class Supervisor(Effects):
         self._runner.feed(input_)
 
     # ------------------------------------------------------------------ the job's state file
-    def _write_state(self, now: float) -> None:
-        """The state file as of now: what the controller last kept, and this run's record."""
-        path = self.config.state_file
-        if path is None or self._state_failed:
-            return
-        base = self._job_state or state.JobState()
-        kept = self._kept
-        after = base if kept is None else base.after_run(
-            kept.steps, kept.saves, kept.blocking, now, self.config.argv, uploads=kept.uploads,
-            checkpoint=kept.checkpoint, uploaded=kept.uploaded)
-        if kept is None:
-            after = replace(after, updated_at=now, command=tuple(self.config.argv))
-        self._run = self._refreshed_run(now)
-        after = after.with_run(self._run)
-        self._files.replace(path, state.render(after), statefile.write_atomic, done=self._state_written)
-
-    def _refreshed_run(self, now: float) -> history.RunRecord:
-        """This run's record as of now: alive until now, its capacity, nodes, durable step, counts."""
-        run = self._run
-        if self._child_pid is None:  # not started: nothing more to say than its ending
-            return replace(run, seen_at=now)
-        snapshot = self._snapshot()
-        capacity = self.controller.capacity()  # what the policy plans with
-        end_step = snapshot.durable_step if snapshot.durable_step is not None else run.start_step
-        return replace(run, seen_at=now, nodes=max(1, capacity.nodes), capacity=capacity.kind,
-                       source=snapshot.deadline_source or "", end_step=end_step,
-                       saves=snapshot.saves_completed, uploads=snapshot.uploads_completed,
-                       uploads_failed=snapshot.uploads_failed)
-
     def _state_written(self, path: str, error: OSError | None) -> None:
         """From the files' thread: a state write that failed is one warning, then no more tries
         (a full disk must not flood the log or stop training)."""
@@ -380,10 +299,12 @@ class Supervisor(Effects):
         self._feed(core.TreeChecked(len(remaining)))
 
     def keep_state(self, action: core.KeepState) -> None:
-        """Have what this run measured written to --state-file (the controller says when), by the
-        files' thread: the newest state wins, the loop does not wait for the disk."""
-        self._kept = action
-        self._write_state(self._clock())
+        """Have the job's state the core decided written to --state-file, by the files' thread: the
+        newest state wins, the loop does not wait for the disk."""
+        path = self.config.controller.state_file
+        if path is not None and not self._state_failed:
+            self._files.replace(path, state.render(action.state), statefile.write_atomic,
+                                done=self._state_written)
 
     def notify_stopping(self, action: core.NotifyStopping) -> None:
         self._systemd.stopping()

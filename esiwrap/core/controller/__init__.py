@@ -22,7 +22,6 @@ from esiwrap.core.controller.protocol import (
     UPLOAD_TERM_GRACE_S,
     Action,
     CheckFilesystem,
-    Checkpoint,
     CheckpointSize,
     CheckTree,
     ChildExited,
@@ -36,6 +35,7 @@ from esiwrap.core.controller.protocol import (
     Input,
     KeepState,
     KillTree,
+    Launch,
     Log,
     NotifyStopping,
     Now,
@@ -62,6 +62,7 @@ from esiwrap.core.controller.roster import Trainer
 from esiwrap.core.controller.saves import SaveRequest, checkpoint_path
 from esiwrap.core.controller.stopping import StopState
 from esiwrap.core.controller.uploads import UploadRun, upload_retry_wait_s
+from esiwrap.core.values import Checkpoint
 
 __all__ = [
     "DEADLINE_CHANGE_S",
@@ -94,6 +95,7 @@ __all__ = [
     "Input",
     "KeepState",
     "KillTree",
+    "Launch",
     "Log",
     "Mode",
     "NotifyStopping",

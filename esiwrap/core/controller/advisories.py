@@ -9,7 +9,7 @@ from typing import Any
 
 from esiwrap import events as ev
 from esiwrap.core.controller.outbox import Outbox, rounded
-from esiwrap.core.controller.protocol import Checkpoint
+from esiwrap.core.values import Checkpoint
 from esiwrap.times import iso_utc
 
 

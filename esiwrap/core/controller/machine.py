@@ -19,6 +19,7 @@ from esiwrap import events as ev
 from esiwrap.choices import LogLevel
 from esiwrap.core.controller.advisories import Advisories
 from esiwrap.core.controller.deadlines import DeadlineBook
+from esiwrap.core.controller.job import Job, Measured, Progress
 from esiwrap.core.controller.misses import miss_facts, never_came
 from esiwrap.core.controller.modes import Mode, Modes
 from esiwrap.core.controller.outbox import Outbox, rounded, rounded_opt
@@ -28,7 +29,6 @@ from esiwrap.core.controller.protocol import (
     NO_FIELDS,
     TRAINER_REPORTS,
     Action,
-    Checkpoint,
     CheckpointSize,
     CheckTree,
     ChildExited,
@@ -40,6 +40,7 @@ from esiwrap.core.controller.protocol import (
     Hello,
     Input,
     KeepState,
+    Launch,
     NotifyStopping,
     Now,
     ReleaseCapacity,
@@ -64,7 +65,6 @@ from esiwrap.core.controller.stopping import StopSequence, StopState
 from esiwrap.core.controller.timers import Timer, TimerName, first_due, wait_s
 from esiwrap.core.controller.uploads import Uploads
 from esiwrap.core.policy import (
-    Capacity,
     Observations,
     Prior,
     SavePlan,
@@ -73,8 +73,8 @@ from esiwrap.core.policy import (
     step_estimate_s,
 )
 from esiwrap.core.snapshot import Snapshot
-from esiwrap.core.values import Deadline
-from esiwrap.errors import EXIT_CHECKPOINTED, EXIT_NOT_UPLOADED, EXIT_SAVE_MISSED
+from esiwrap.core.values import Checkpoint, Deadline
+from esiwrap.errors import EXIT_CHECKPOINTED, EXIT_NO_PROGRESS, EXIT_NOT_UPLOADED, EXIT_SAVE_MISSED
 
 MAX_FIRINGS = 8  # timers fired per wake-up: each firing changes the state; this only guards a bug
 
@@ -84,8 +84,13 @@ class Controller:
     order; `wake_at` and `snapshot` only tell."""
 
     def __init__(self, config: ControllerConfig, prior: Prior | None = None,
-                 resume_from: Checkpoint | None = None) -> None:
+                 resume_from: Checkpoint | None = None, job: Job | None = None) -> None:
+        """`job`: this run's place in its job (the state file it found); its prior and checkpoint
+        are the ones planned with and checked. Without one: `prior` and `resume_from`, if any."""
         self.config = config
+        self.job = job if job is not None else Job(None, 0.0)
+        if job is not None:
+            prior, resume_from = job.prior, job.resume_from
         self.out = Outbox()
         self.obs = Observations(config.policy.step_window, prior)
         self.modes = Modes()
@@ -99,7 +104,7 @@ class Controller:
         self.advisories = Advisories(self.out, config.stop_budget_s, resume_from)
         self._sigints = 0
         self._routes: Mapping[type, Callable[[Any, Now], None]] = {
-            ChildStarted: self._on_child_started, Hello: self._on_hello,
+            Launch: self._on_launch, ChildStarted: self._on_child_started, Hello: self._on_hello,
             CheckpointSize: self._on_checkpoint_size, StorageProbed: self._on_storage_probed,
             TrainerGone: self._on_trainer_gone, Step: self._on_step,
             SaveBegin: self._on_save_begin, SaveSnapshot: self._on_save_snapshot, SaveEnd: self._on_save_end,
@@ -113,7 +118,7 @@ class Controller:
             "linger": self._on_linger, "ack wait": self._on_ack_wait, "stop": self._on_stop,
             "deadline": self._on_deadline, "unattached stop": self._on_unattached_stop,
             "save signal": self._on_save_signal, "storage probe": self._on_storage_probe,
-            "upload decision": self._on_upload_decision,
+            "upload decision": self._on_upload_decision, "heartbeat": self._on_heartbeat,
         }
 
     # ------------------------------------------------------------------ what others read
@@ -179,9 +184,11 @@ class Controller:
 
     def finish(self, now: Now) -> list[Action]:
         """The shell is leaving (after `Exit`, or on a failure of its own): what must still be
-        carried out. The job's state, when anything was measured."""
-        if self.obs.saves or self.obs.last_step is not None:
-            self._keep_state()
+        carried out. The job's state, with this run's ending (a failure of the shell's own when the
+        controller said none), when there is a state file or anything was measured."""
+        self.job.left()
+        if self.config.state_file is not None or self.obs.saves or self.obs.last_step is not None:
+            self._keep_state(now)
         return self.out.take()
 
     def wake_at(self, now: Now) -> float | None:
@@ -197,11 +204,6 @@ class Controller:
             **self.stopping.view(), **self.uploads.view(), **lateness(self.obs),
         )
 
-    def capacity(self) -> Capacity:
-        """The capacity the policy plans with (kind and nodes), for the run's record in the job's
-        history: the record names what the learned rate rested on."""
-        return self.obs.capacity
-
     def current_step_estimate_s(self) -> float | None:
         return step_estimate_s(self.obs, self.config.policy)
 
@@ -210,7 +212,8 @@ class Controller:
         mode, deadline = self.mode, self.book.deadline
         return [*self.uploads.timers(mode is Mode.EXITED), *self.stopping.timers(mode),
                 *self.book.timers(mode), *self.saves.timers(mode, deadline, self.config.stop_grace_s),
-                *self.planner.timers(mode, deadline), *self.probe.timers(mode, deadline)]
+                *self.planner.timers(mode, deadline), *self.probe.timers(mode, deadline),
+                *self.job.timers(mode)]
 
     def _fire_timers(self, now: Now) -> None:
         """Fire due timers until none is: a timer's action can make another one due at once (a save
@@ -236,12 +239,47 @@ class Controller:
     def _remaining(self, now: Now) -> float | None:
         return self.book.remaining_s(now)
 
+    # ------------------------------------------------------------------ the job
+    def _on_launch(self, launch: Launch, now: Now) -> None:
+        """Before the command starts: the job's last runs made no progress, so this one would not
+        either: say why and the fix, record it, and do not start (exit 78)."""
+        verdict = self.job.guard()
+        if verdict is None:
+            return
+        self._log("error", ev.NO_PROGRESS, path=self.config.state_file,
+                  limit=self.config.max_no_progress_runs, **verdict.fields())
+        self.job.refused()
+        self._keep_state(now)
+        self.modes.move("not started")
+        self.out.act(Exit(EXIT_NO_PROGRESS, f"no progress in the job's last {len(verdict.runs)} runs "
+                          f"({verdict.cause}); not started (--max-no-progress-runs)"))
+
+    def _on_heartbeat(self, now: Now) -> None:
+        self.job.beating(now.mono)
+        self._keep_state(now)
+
+    def _keep_state(self, now: Now) -> None:
+        """The job's state as of now: this run's measurements, its durable checkpoint, its record."""
+        obs, uploads = self.obs, self.uploads
+        measured = Measured(tuple(obs.intervals), tuple(d for _, d in obs.saves), tuple(obs.blocking),
+                            tuple(obs.uploads), uploads.durable, self.config.uploads)
+        progress = None
+        if self.roster.child_pid is not None:
+            deadline = self.book.deadline
+            progress = Progress(obs.capacity.nodes, obs.capacity.kind, deadline.source if deadline else "",
+                                uploads.durable.step if uploads.durable else None, self.saves.completed_total,
+                                uploads.completed_total, uploads.failed_total)
+        self.out.act(KeepState(self.job.state(now.wall, progress, measured)))
+
     # ------------------------------------------------------------------ the child and its trainers
     def _on_child_started(self, started: ChildStarted, now: Now) -> None:
         self.roster.child_started(started.pid)
         settings = {"settings": dict(started.settings)} if started.settings else {}
         host = {"host": started.host} if started.host else {}
         self._log("info", ev.CHILD_STARTED, pid=started.pid, argv=list(started.argv), **host, **settings)
+        if self.config.state_file is not None:  # this run in the job's history, from its start
+            self.job.beating(now.mono)
+            self._keep_state(now)
 
     def _on_hello(self, hello: Hello, now: Now) -> None:
         if hello.wants_signal and not hello.descendant:
@@ -383,12 +421,7 @@ class Controller:
         checkpoint = self.saves.complete(step, messages, now, self._remaining(now), requested=requested,
                                          kind=kind)
         self.uploads.checkpoint_completed(checkpoint, now, self.book.deadline)
-        self._keep_state()
-
-    def _keep_state(self) -> None:
-        obs = self.obs
-        self.out.act(KeepState(tuple(obs.intervals), tuple(d for _, d in obs.saves), tuple(obs.blocking),
-                               tuple(obs.uploads), self.uploads.durable, self.config.uploads))
+        self._keep_state(now)
 
     def _check_stop_budget(self) -> None:
         measured = self.obs.longest_save_s
@@ -409,7 +442,7 @@ class Controller:
         if ended is None:
             return
         if ended.completed:
-            self._keep_state()  # a durable checkpoint and an upload measured: the next run knows both
+            self._keep_state(now)  # a durable checkpoint and an upload measured: the next run knows both
         self.uploads.start_waiting(now, deadline, ended.cut_off)
         if self.mode is Mode.UPLOADING:
             if self.uploads.settle():
@@ -704,9 +737,13 @@ class Controller:
         if code == EXIT_CHECKPOINTED and self.config.uploads and not self.uploads.last_uploaded(last):
             code, reason = EXIT_NOT_UPLOADED, f"{reason}; {self.uploads.not_uploaded_reason(last)}"
         self.modes.move("exit")
+        cause = self.stopping.stop.cause if self.stopping.stop else ""
+        self.job.ended(cause, self._remaining(now))
+        if self.config.state_file is not None:
+            self._keep_state(now)  # how the run ended, for the job's history
         if code == EXIT_CHECKPOINTED:
             self.out.act(ReleaseCapacity())
-        self.out.act(Exit(code, reason, self.stopping.stop.cause if self.stopping.stop else ""))
+        self.out.act(Exit(code, reason, cause))
 
 
 def lateness(obs: Observations) -> dict[str, Any]:

@@ -44,7 +44,7 @@ class Mode(enum.Enum):
 
 Cause = Literal[
     "save asked", "acknowledged", "no further save", "deadline renewed", "deadline gone", "drain", "stop",
-    "kill", "await upload", "exit",
+    "kill", "await upload", "exit", "not started",
 ]
 
 
@@ -65,6 +65,7 @@ _STOPPED_STAYS: Mapping[Cause, Target] = {
 
 TRANSITIONS: Mapping[Mode, Mapping[Cause, Target]] = {
     Mode.RUNNING: {"save asked": Mode.SAVE_REQUESTED, "no further save": Mode.CONTINUING, **_STOP,
+                   "not started": Mode.EXITED,  # the no-progress guard: the command never starts
                    "acknowledged": STAY, "deadline renewed": STAY, "deadline gone": STAY},
     Mode.SAVE_REQUESTED: {"acknowledged": Mode.RUNNING, **_STOP,
                           "save asked": STAY, "deadline renewed": STAY, "deadline gone": STAY},

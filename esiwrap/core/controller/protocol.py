@@ -15,6 +15,7 @@ from typing import Any, Literal, NamedTuple
 
 from esiwrap.choices import AfterSave, LogLevel, OnSigterm
 from esiwrap.core.policy import PolicyConfig
+from esiwrap.core.state import JobState
 from esiwrap.core.values import Answer
 
 KILL_WAIT_S = 5.0  # after SIGKILL, how long to wait for the tree to vanish
@@ -52,6 +53,8 @@ class ControllerConfig:
     probe_storage: bool = True  # measure the checkpoint storage's speed before the first save
     probe_dir: str | None = None  # where to probe when no trainer names its checkpoint directory
     local_checkpoints_survive: bool = False  # no checkpoint_not_durable warning for a local disk
+    state_file: str | None = None  # `--state-file`: the job's state is kept there (its name, for the log)
+    max_no_progress_runs: int = 3  # `--max-no-progress-runs`: the guard (0: off)
 
     @property
     def uploads(self) -> bool:
@@ -60,6 +63,11 @@ class ControllerConfig:
 
 
 # ---------------------------------------------------------------------------------- inputs
+class Launch(NamedTuple):
+    """esiwrap is about to start the command: the job's history may say not to (the no-progress
+    guard; `Exit` follows) — else the shell starts it and `ChildStarted` follows."""
+
+
 class ChildStarted(NamedTuple):
     pid: int
     argv: tuple[str, ...] = ()
@@ -200,9 +208,9 @@ class TreeChecked(NamedTuple):
 
 
 Input = (
-    ChildStarted | Hello | CheckpointSize | StorageProbed | TrainerGone | Step | SaveBegin | SaveSnapshot
-    | SaveEnd | DeadlineAnswers | SignalReceived | ChildExited | TreeChecked | TrainingStart | UploadStarted
-    | UploadExited | FilesystemChecked
+    Launch | ChildStarted | Hello | CheckpointSize | StorageProbed | TrainerGone | Step | SaveBegin
+    | SaveSnapshot | SaveEnd | DeadlineAnswers | SignalReceived | ChildExited | TreeChecked | TrainingStart
+    | UploadStarted | UploadExited | FilesystemChecked
 )
 
 
@@ -233,15 +241,11 @@ class CheckTree:
 
 
 class KeepState(NamedTuple):
-    """Write the job's state file (`--state-file`), if there is one: what this run measured, after
-    every completed save and upload and once as the shell leaves (`Controller.finish`)."""
+    """Write the job's state file (`--state-file`), if there is one, with this state (decided by
+    `esiwrap.core.job`): as the run starts, every `HEARTBEAT_S` (its exposure so far), after every
+    completed save and upload, as it ends, and once more as the shell leaves (`Controller.finish`)."""
 
-    steps: tuple[float, ...]  # the step window
-    saves: tuple[float, ...]  # this run's save durations
-    blocking: tuple[float, ...]  # how long each save esiwrap asked for stopped training
-    uploads: tuple[float, ...] = ()  # this run's completed uploads' durations (`--upload`)
-    checkpoint: Checkpoint | None = None  # this run's last durable checkpoint, if any
-    uploaded: bool = False  # ...durable because its upload completed (else: it completed)
+    state: JobState
 
 
 class Log(NamedTuple):
@@ -313,13 +317,3 @@ Action = (
     | KeepState | ReleaseCapacity | Exit | ProbeStorage | StartUpload | StopUpload | CheckFilesystem
 )
 PROBE_REPEAT_S = 6 * 3600.0  # while no save is measured, probe the storage again this often
-
-
-class Checkpoint(NamedTuple):
-    """A completed save: the step it holds, the wall time it completed (acknowledged), and where
-    the trainer wrote it ("" when it named no path). (The boundary it was taken at, from which
-    work is at risk, is `Observations.checkpoint_at`.)"""
-
-    step: int
-    completed_at: float
-    path: str = ""

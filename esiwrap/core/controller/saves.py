@@ -10,10 +10,10 @@ from typing import Any
 from esiwrap import events as ev
 from esiwrap.core.controller.modes import Mode
 from esiwrap.core.controller.outbox import Outbox, rounded
-from esiwrap.core.controller.protocol import Checkpoint, Now, SaveBegin, SaveEnd, SaveSnapshot
+from esiwrap.core.controller.protocol import Now, SaveBegin, SaveEnd, SaveSnapshot
 from esiwrap.core.controller.timers import Timer
 from esiwrap.core.policy import Observations, SavePlan
-from esiwrap.core.values import Deadline
+from esiwrap.core.values import Checkpoint, Deadline
 from esiwrap.times import iso_utc
 
 

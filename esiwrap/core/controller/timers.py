@@ -16,7 +16,7 @@ from esiwrap.core.controller.protocol import Now
 Clock = Literal["wall", "mono"]
 TimerName = Literal[
     "upload retry", "upload cut-off", "linger", "ack wait", "stop", "deadline", "unattached stop",
-    "save signal", "storage probe", "upload decision",
+    "save signal", "storage probe", "upload decision", "heartbeat",
 ]
 
 FIRING_ORDER: tuple[TimerName, ...] = (
@@ -30,6 +30,7 @@ FIRING_ORDER: tuple[TimerName, ...] = (
     "save signal",  # RUNNING: the planned save's signal
     "storage probe",  # RUNNING: measure the storage again while no save is measured
     "upload decision",  # RUNNING: the latest stop while the plan waits for an upload's end
+    "heartbeat",  # until exited, with a state file: this run's record refreshed (its exposure)
 )
 """Which due timer fires first: the order the supervisor has always fired them in."""
 

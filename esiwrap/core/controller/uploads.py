@@ -28,7 +28,6 @@ from esiwrap.core.controller.protocol import (
     UPLOAD_RETRY_S,
     UPLOAD_TERM_GRACE_S,
     CheckFilesystem,
-    Checkpoint,
     ControllerConfig,
     ExtendStopTimeout,
     FilesystemChecked,
@@ -40,7 +39,7 @@ from esiwrap.core.controller.protocol import (
 )
 from esiwrap.core.controller.timers import Timer
 from esiwrap.core.policy import Observations, upload_attempt_s, upload_estimate_s
-from esiwrap.core.values import Deadline
+from esiwrap.core.values import Checkpoint, Deadline
 
 
 @dataclass
