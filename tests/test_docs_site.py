@@ -17,6 +17,18 @@ pytestmark = pytest.mark.system
 
 DOCS = ROOT / "docs"
 LINK = re.compile(r"\[[^\]]+\]\(([^)\s]+)\)")
+# What a user's page never shows: a path from a development machine, and the wording of how the
+# work was organised (issues, rounds, sessions). The Development page and the benchmarks' history
+# are about exactly that, and are left out.
+NOT_FOR_USERS = {
+    "a development path": re.compile(r"/work/|/root/|/tmp/pytest-|worktree|/home/[\w.-]+|/Users/[\w.-]+"),
+    "internal wording": re.compile(r"\bissue #?\d+|\bthis round\b|\bround \d|\bstop \d+|\bsession\b",
+                                   re.IGNORECASE),
+}
+# A process's session and a login session are the words of the trade, not of our work.
+TECHNICAL_SESSION = re.compile(r"\b(?:own|new|login) session\b|\bsession token\b", re.IGNORECASE)
+ABOUT_DEVELOPMENT = frozenset({"development.html", "benchmarks-history.html"})
+TAG = re.compile(r"<(?!!--)[^>]+>")
 
 
 class Ids(HTMLParser):
@@ -123,3 +135,22 @@ def test_the_generated_options_page_reaches_every_option_by_its_anchor(site: Pat
     parser = Ids()
     parser.feed((site / "reference" / "options.html").read_text(encoding="utf-8"))
     assert {opt.flag[2:] for opt in ALL_RUN_OPTIONS} <= parser.ids
+
+
+def test_no_user_page_shows_a_development_path_or_internal_wording(site: Path) -> None:
+    """No built page but the Development page and the benchmarks' history holds a development
+    path (`/work/`, `/root/`, `/tmp/pytest-`, a worktree, a home directory) or the wording of how
+    the work was organised (`issue 27`, `this round`, `round 2`, `stop 3`, `session`) anywhere in
+    its HTML, comments and titles included; each one found is named with its page and line."""
+    found = []
+    for page in sorted(site.rglob("*.html")):
+        name = str(page.relative_to(site))
+        if name in ABOUT_DEVELOPMENT:
+            continue
+        for number, line in enumerate(page.read_text(encoding="utf-8").splitlines(), 1):
+            text = TECHNICAL_SESSION.sub("", line)
+            for what, pattern in NOT_FOR_USERS.items():
+                for match in pattern.finditer(text):
+                    context = TAG.sub("", text[max(match.start() - 60, 0):match.end() + 60]).strip()
+                    found.append(f"{name}:{number}: {what} {match.group()!r}: …{context}…")
+    assert not found, "\n".join(found)
