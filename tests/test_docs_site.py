@@ -64,7 +64,7 @@ def nav_pages(nav: object) -> list[str]:
 
 
 class _ConfigLoader(yaml.SafeLoader):
-    """mkdocs.yml as data: its `!!python/name:` tags (the Mermaid fence's formatter) are left as None."""
+    """mkdocs.yml as data: a `!!python/name:` tag (an extension's formatter) is left as None."""
 
 
 _ConfigLoader.add_multi_constructor("tag:yaml.org,2002:python/", lambda loader, suffix, node: None)
