@@ -1,15 +1,19 @@
 """The reference pages and `--help` come from the option registry and the event list: the committed
 pages are what `scripts/gen_reference.py` writes, every option has its section, help and
-description, and `esiwrap --help` shows the sections as groups (`--help-all` describes each)."""
+description, and `esiwrap --help` shows the sections as groups (`--help-all` describes each). The
+documentation's pictures are what their scripts draw now: the modes from the transition table, the
+timeline from the committed log of a real run (`scripts/gen_pictures.py`)."""
 
 from __future__ import annotations
 
 import difflib
 import enum
 import importlib.util
+import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -19,7 +23,7 @@ from types import ModuleType
 import pytest
 from esiwrap_harness import PYTHON, ROOT
 
-from esiwrap import envvars, errors
+from esiwrap import cli, envvars, errors
 from esiwrap.controller.modes import TRANSITIONS, Mode
 from esiwrap.options import ALL_RUN_OPTIONS, BOOLEAN_FLAGS, QUIET_NEGATIVES, RUN_FLAGS
 from esiwrap.optiontypes import SECTIONS
@@ -40,7 +44,12 @@ FLAGS_SINCE_0_1 = (
 
 
 def generator() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("gen_reference", ROOT / "scripts" / "gen_reference.py")
+    return script("gen_reference")
+
+
+def script(name: str) -> ModuleType:
+    """scripts/NAME.py, loaded afresh."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # its dataclasses look their module up while they are made
@@ -165,6 +174,61 @@ def test_the_modes_picture_keeps_boxes_and_labels_apart(table: str) -> None:
         left, top, right, bottom = one
         assert left >= 0 and top >= 0 and right <= diagram.width and bottom <= diagram.height
     assert diagram.width <= 720 and gen.LABEL_SIZE >= 12 and gen.BOX_SIZE >= 12
+
+
+def test_the_timeline_picture_is_what_esiwrap_report_draws_from_the_committed_run(tmp_path: Path) -> None:
+    """docs/images/timeline.svg (the report page's picture) is exactly what `esiwrap report LOG
+    --svg` draws now from the committed log of the demo run, docs/images/timeline-run.jsonl: a
+    change to the timeline's drawing without `scripts/gen_pictures.py --render` fails here, at the
+    first difference."""
+    pictures = script("gen_pictures")
+    fresh = tmp_path / "timeline.svg"
+    assert cli.main(["report", str(pictures.LOG), "--svg", str(fresh)]) == 0
+    drawn, committed = fresh.read_text(encoding="utf-8"), pictures.SVG.read_text(encoding="utf-8")
+    at = next((i for i, (a, b) in enumerate(zip(drawn, committed, strict=False)) if a != b),
+              min(len(drawn), len(committed)))
+    around = slice(max(at - 80, 0), at + 80)
+    assert drawn == committed, (
+        f"stale: run scripts/gen_pictures.py --render; the first difference, at character {at}:\n"
+        f" committed …{committed[around]}…\n drawn     …{drawn[around]}…")
+
+
+def test_the_run_behind_the_timeline_picture_is_whole_and_names_no_machine() -> None:
+    """The committed log is one whole run of the demo's trainer under esiwrap (its command, a
+    deadline from the command line, completed saves, exit 75), and neither it nor the picture names
+    a path of the machine it ran on or that machine: checkpoints under /ckpt, host gpu-node-1."""
+    pictures = script("gen_pictures")
+    text = pictures.LOG.read_text(encoding="utf-8")
+    lines = [json.loads(line) for line in text.splitlines()]
+    by_event: dict[str, list[dict[str, object]]] = {}
+    for line in lines:
+        by_event.setdefault(str(line["event"]), []).append(line)
+    started, = by_event["child_started"]
+    assert started["argv"][:2] == ["python", "examples/tiny_trainer.py"] and started["host"] == pictures.HOST
+    assert by_event["deadline_resolved"][0]["source"] == "cli"
+    assert [line["kind"] for line in by_event["save_completed"]][-1] == "final"
+    assert by_event["trainer_attached"][0]["checkpoint_dir"] == "/ckpt"
+    assert by_event["supervisor_exit"][0]["code"] == errors.EXIT_CHECKPOINTED
+    for body in (text, pictures.SVG.read_text(encoding="utf-8")):
+        assert not re.search(r"/work/|/root|/tmp/|/home/|worktree|\.venv", body)
+
+
+def test_the_picture_script_replaces_every_scratch_path_and_the_host_name() -> None:
+    """The script's scrubbing: a scratch path anywhere in a line (nested, inside longer text) becomes
+    its neutral name, the longest first; a value that is the host name becomes gpu-node-1; and what
+    is left over is found (a host name only as a whole word)."""
+    pictures = script("gen_pictures")
+    places = {"/tmp/x/job/ckpt": "/ckpt", "/tmp/x/job": "/job"}
+    line = {"event": "e", "host": socket.gethostname(), "argv": ["python", "--ckpt-dir", "/tmp/x/job/ckpt"],
+            "settings": {"--state-file": "/tmp/x/job/ckpt/state.json", "--log": "/tmp/x/job/e.jsonl"},
+            "why": "saved to /tmp/x/job/ckpt/latest.pt", "step": 3}
+    assert pictures.neutral(line, places) == {
+        "event": "e", "host": "gpu-node-1", "argv": ["python", "--ckpt-dir", "/ckpt"],
+        "settings": {"--state-file": "/ckpt/state.json", "--log": "/job/e.jsonl"},
+        "why": "saved to /ckpt/latest.pt", "step": 3}
+    assert pictures.leftovers('{"path": "/tmp/x/job/a"}', ["/tmp/x/job", "/srv"]) == ["/tmp/x/job"]
+    assert pictures.leftovers('{"host": "vm", "why": "vmstat"}', ["vm"]) == ["vm"]
+    assert pictures.leftovers('{"why": "vmstat, kvm"}', ["vm"]) == []
 
 
 def test_every_option_has_a_section_a_short_help_and_a_description() -> None:
