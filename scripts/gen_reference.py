@@ -176,6 +176,8 @@ EXIT_STUB = 44  # the exit arrow and its mark, right of an exit mode's box
 MARGIN = 14
 INK, MUTED, FILL, STROKE = "#222222", "#555555", "#e8eaf6", "#3f51b5"
 Point = tuple[float, float]
+Move = tuple[str, str]  # (from, to)
+Moves = Mapping[Move, list[str]]  # each move, and its causes (or the nodes it passes)
 
 
 @dataclass
@@ -226,7 +228,10 @@ class Arrow:
                                          for i in range(1, per_segment + 1)]
 
     def shift(self, dx: float, dy: float) -> None:
-        self.segments = [tuple((x + dx, y + dy) for x, y in segment) for segment in self.segments]  # type: ignore[misc]
+        def moved(point: Point) -> Point:
+            return (point[0] + dx, point[1] + dy)
+
+        self.segments = [(moved(a), moved(b), moved(c), moved(d)) for a, b, c, d in self.segments]
 
 
 def _bezier(segment: Segment, s: float) -> Point:
@@ -256,7 +261,7 @@ class Diagram:
     notes: list[tuple[float, float, str]] = field(default_factory=list)
 
 
-def state_diagram(transitions: Mapping[Any, Mapping[str, Any]], start: Any, exits: Sequence[Any]) -> Diagram:
+def state_diagram(transitions: Mapping[Any, Mapping[Any, Any]], start: Any, exits: Sequence[Any]) -> Diagram:
     """Lay out `transitions` ({mode: {cause: mode}}, modes with a string `.value`)."""
     names: list[str] = []
     moves: dict[tuple[str, str], list[str]] = {}
@@ -265,7 +270,7 @@ def state_diagram(transitions: Mapping[Any, Mapping[str, Any]], start: Any, exit
             if name not in names:
                 names.append(name)
         for cause, target in targets.items():
-            moves.setdefault((mode.value, target.value), []).append(cause)
+            moves.setdefault((mode.value, target.value), []).append(str(cause))
     back = _moves_back(names, moves, start.value)
     layer = _layers(names, moves, back)
     chains, layers = _chains(names, moves, back, layer)
@@ -285,15 +290,11 @@ def state_diagram(transitions: Mapping[Any, Mapping[str, Any]], start: Any, exit
     return diagram
 
 
-Move = tuple[str, str]  # (from, to)
-Moves = Mapping[Move, list[str]]  # each move, and its causes
-
-
-def _moves_back(names: list[str], moves: Moves, start: str) -> set[tuple[str, str]]:
+def _moves_back(names: list[str], moves: Moves, start: str) -> set[Move]:
     """The moves that close a cycle (to a mode still open in a depth-first walk from the start):
     drawn upward, so that the rest read top to bottom."""
     state: dict[str, str] = {}
-    back: set[tuple[str, str]] = set()
+    back: set[Move] = set()
 
     def visit(node: str) -> None:
         state[node] = "open"
@@ -312,13 +313,13 @@ def _moves_back(names: list[str], moves: Moves, start: str) -> set[tuple[str, st
     return back
 
 
-def _downward(moves: Moves, back: set[tuple[str, str]]) -> list[tuple[str, str]]:
+def _downward(moves: Moves, back: set[Move]) -> list[tuple[str, str]]:
     """Every move between two modes as (upper, lower)."""
     return [(b, a) if (a, b) in back else (a, b) for a, b in moves if a != b]
 
 
-def _layers(names: list[str], moves: Moves,
-            back: set[tuple[str, str]]) -> dict[str, int]:
+def _layers(names: list[str], moves: Moves, back: set[Move]) -> dict[str, int]:
+    """Each mode's layer: one below the lowest mode with a move down into it (the start's is 0)."""
     layer = dict.fromkeys(names, 0)
     for _ in names:  # longest path: at most one round per mode
         for upper, lower in _downward(moves, back):
@@ -326,7 +327,7 @@ def _layers(names: list[str], moves: Moves,
     return layer
 
 
-def _chains(names: list[str], moves: Moves, back: set[tuple[str, str]],
+def _chains(names: list[str], moves: Moves, back: set[Move],
             layer: Mapping[str, int]) -> tuple[dict[tuple[str, str], list[str]], list[list[str]]]:
     """Each move's nodes from its upper mode to its lower one, a pass point in every layer between,
     and each layer's nodes."""
@@ -418,7 +419,7 @@ def _columns(layers: list[list[str]], chains: Moves,
     return x
 
 
-def _route(moves: Moves, back: set[tuple[str, str]], chains: Moves, boxes: Mapping[str, Box],
+def _route(moves: Moves, back: set[Move], chains: Moves, boxes: Mapping[str, Box],
            x: Mapping[str, float], exits: set[str]) -> list[Arrow]:
     """Each move's curve. A move down leaves its box at the bottom and enters the lower one at the
     top, at ports spread in the order of where the moves go, so that moves at one box do not cross;
