@@ -5,12 +5,13 @@
                                    each deadline source's OPTIONS under esiwrap/sources/)
     docs/reference/environment.md  every ESIWRAP_<NAME> of an option, and esiwrap/envvars.py's own
     docs/reference/events.md       the log events (esiwrap/events.py)
-    docs/design.md                 the mode diagram, drawn from the decision core's one transition
-                                   table (esiwrap/core/controller/modes.py), as h11 draws its states
+    docs/design.md                 the modes' table, and docs/images/modes.svg, its picture: both
+                                   from the decision core's one transition table
+                                   (esiwrap/core/controller/modes.py), read when this runs
 
 Each page keeps its hand-written prose; only the text between its `<!-- BEGIN generated: NAME -->`
-and `<!-- END generated: NAME -->` markers is replaced. tests/test_reference_docs.py fails when a
-committed page differs from what this writes.
+and `<!-- END generated: NAME -->` markers is replaced; the pictures are whole files.
+tests/test_reference_docs.py fails when a committed page or picture differs from what this writes.
 
     .venv/bin/python scripts/gen_reference.py          # rewrite the pages
     .venv/bin/python scripts/gen_reference.py --check  # exit 1, naming the stale pages
@@ -19,16 +20,21 @@ committed page differs from what this writes.
 from __future__ import annotations
 
 import argparse
+import html
 import posixpath
 import re
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from itertools import pairwise
 from pathlib import Path
+from typing import Any
 
 from esiwrap import envvars, events
 from esiwrap.cli.options import ALL_RUN_OPTIONS, BOOLEAN_FLAGS, QUIET_NEGATIVES
-from esiwrap.core.controller.modes import TRANSITIONS, Mode
+from esiwrap.core.controller.modes import STAY, TRANSITIONS, Mode, Modes
 from esiwrap.optiontypes import SECTIONS, Option
+from esiwrap.tools.timeline import FONT, text_width
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
@@ -45,6 +51,10 @@ def link(target: str, page: str) -> str:
 def cell(text: str) -> str:
     """Text for a Markdown table cell: pipes escaped, on one line."""
     return " ".join(text.split()).replace("|", "\\|")
+
+
+def _esc(text: str) -> str:
+    return html.escape(text, quote=True)
 
 
 def anchor(opt: Option) -> str:
@@ -128,19 +138,475 @@ def events_block(page: str) -> str:
 
 
 # ------------------------------------------------------------------------------- modes
+MODES_SVG = "images/modes.svg"
+# Where esiwrap ends: the last mode, which nothing moves out of.
+EXIT_MODES = (Mode.EXITED,)
+
+
 def modes_block(page: str) -> str:
-    """The decision core's modes as a Mermaid state diagram (the site and GitHub draw it), and the
-    same table as text."""
-    diagram = ["```mermaid", "stateDiagram-v2", f"    [*] --> {Mode.RUNNING.value}"]
+    """The decision core's modes as a picture (docs/images/modes.svg, drawn by `modes_svg`), and
+    the same table as text."""
     rows = ["| mode | moves to, and on what | stays on |", "|---|---|---|"]
     for mode, moves in TRANSITIONS.items():
-        goes = [(cause, target) for cause, target in moves.items() if isinstance(target, Mode)]
-        stays = [cause for cause, target in moves.items() if not isinstance(target, Mode)]
-        diagram += [f"    {mode.value} --> {target.value}: {cause}" for cause, target in goes]
+        goes = [(cause, target) for cause, target in moves.items() if target is not STAY]
+        stays = [cause for cause, target in moves.items() if target is STAY]
         moved = ", ".join(f"`{target.value}` ({cause})" for cause, target in goes) or "nothing"
         rows.append(f"| `{mode.value}` | {moved} | {', '.join(stays) or '-'} |")
-    diagram.append(f"    {Mode.EXITED.value} --> [*]")
-    return "\n".join([*diagram, "```", "", *rows])
+    picture = (f"![The supervisor's modes as boxes and each move between them as an arrow named by its "
+               f"cause; esiwrap starts in {Modes().mode.value}]({link(MODES_SVG, page)})")
+    return "\n".join([picture, "", *rows])
+
+
+def modes_svg() -> str:
+    """docs/images/modes.svg: `modes.TRANSITIONS` as it is now, drawn by `state_diagram`."""
+    exits = [mode for mode in EXIT_MODES if mode in TRANSITIONS]
+    return state_diagram_svg(state_diagram(moves_only(TRANSITIONS), Modes().mode, exits))
+
+
+def moves_only(transitions: Mapping[Any, Mapping[Any, Any]]) -> dict[Any, dict[Any, Any]]:
+    """The table's moves, without the causes that leave a mode as it is (the text table lists them)."""
+    return {mode: {cause: target for cause, target in moves.items() if target is not STAY}
+            for mode, moves in transitions.items()}
+
+
+# A state machine drawn in layers, top to bottom: the start mode on top, every mode one layer
+# below the lowest mode with a move into it (moves that go back up are drawn upward), a move over
+# several layers routed through a point in each, the order in a layer chosen to keep moves apart
+# (barycentres), and each cause written beside its arrow where it meets nothing else. Generic
+# over the table: any modes, any causes; the same table always gives the same picture.
+BOX_HEIGHT = 32
+MIN_BOX_WIDTH = 116
+PORT_PX = 26  # between two moves at one side of a box
+LAYER_PITCH = 118  # from a layer's top to the next one's: a box, and room for the causes
+BOX_SIZE, LABEL_SIZE, LINE_PX = 13, 12, 15
+GAP = 44  # between neighbours in a layer
+PASS_WIDTH = 40  # what a move passing through a layer takes in it
+EXIT_STUB = 44  # the exit arrow and its mark, right of an exit mode's box
+MARGIN = 14
+INK, MUTED, FILL, STROKE = "#222222", "#555555", "#e8eaf6", "#3f51b5"
+Point = tuple[float, float]
+Move = tuple[str, str]  # (from, to)
+Moves = Mapping[Move, list[str]]  # each move, and its causes (or the nodes it passes)
+
+
+@dataclass
+class Box:
+    name: str
+    x: float  # centre
+    top: float
+    width: float
+    height: float = BOX_HEIGHT
+
+    @property
+    def bounds(self) -> tuple[float, float, float, float]:
+        return (self.x - self.width / 2, self.top, self.x + self.width / 2, self.top + self.height)
+
+
+@dataclass
+class Label:
+    lines: list[str]
+    left: float
+    top: float
+    width: float
+    height: float
+
+    @property
+    def bounds(self) -> tuple[float, float, float, float]:
+        return (self.left, self.top, self.left + self.width, self.top + self.height)
+
+
+Segment = tuple[Point, Point, Point, Point]  # a cubic Bézier: its start, two control points, its end
+
+
+@dataclass
+class Arrow:
+    source: str
+    target: str
+    causes: list[str]
+    segments: list[Segment]  # from the source's box to the target's
+    label: Label | None = None
+
+    def curve(self) -> str:
+        x, y = self.segments[0][0]
+        return " ".join([f"M{x:.1f},{y:.1f}", *("C" + " ".join(f"{px:.1f},{py:.1f}" for px, py in segment[1:])
+                                                for segment in self.segments)])
+
+    def samples(self, per_segment: int = 16) -> list[Point]:
+        """Points along the drawn curve, to keep labels off it: the start, then `per_segment` a segment."""
+        return [self.segments[0][0]] + [_bezier(segment, i / per_segment) for segment in self.segments
+                                         for i in range(1, per_segment + 1)]
+
+    def shift(self, dx: float, dy: float) -> None:
+        def moved(point: Point) -> Point:
+            return (point[0] + dx, point[1] + dy)
+
+        self.segments = [(moved(a), moved(b), moved(c), moved(d)) for a, b, c, d in self.segments]
+
+
+def _bezier(segment: Segment, s: float) -> Point:
+    (x0, y0), (x1, y1), (x2, y2), (x3, y3) = segment
+    a, b, c, d = (1 - s) ** 3, 3 * (1 - s) ** 2 * s, 3 * (1 - s) * s * s, s ** 3
+    return (a * x0 + b * x1 + c * x2 + d * x3, a * y0 + b * y1 + c * y2 + d * y3)
+
+
+def _vertical(start: Point, end: Point) -> Segment:
+    """From `start` down (or up) to `end`, leaving and arriving vertically."""
+    middle = (start[1] + end[1]) / 2
+    return (start, (start[0], middle), (end[0], middle), end)
+
+
+def _reversed(segments: list[Segment]) -> list[Segment]:
+    return [(d, c, b, a) for a, b, c, d in reversed(segments)]
+
+
+@dataclass
+class Diagram:
+    boxes: dict[str, Box]
+    arrows: list[Arrow]
+    start: Point  # the start mark, above the start mode
+    exits: list[Point]  # each exit mark, right of its mode
+    width: float = 0.0
+    height: float = 0.0
+    notes: list[tuple[float, float, str]] = field(default_factory=list)
+
+
+def state_diagram(transitions: Mapping[Any, Mapping[Any, Any]], start: Any, exits: Sequence[Any]) -> Diagram:
+    """Lay out `transitions` ({mode: {cause: mode}}, modes with a string `.value`)."""
+    names: list[str] = []
+    moves: dict[tuple[str, str], list[str]] = {}
+    for mode, targets in transitions.items():
+        for name in (mode.value, *(target.value for target in targets.values())):
+            if name not in names:
+                names.append(name)
+        for cause, target in targets.items():
+            moves.setdefault((mode.value, target.value), []).append(str(cause))
+    back = _moves_back(names, moves, start.value)
+    layer = _layers(names, moves, back)
+    chains, layers = _chains(names, moves, back, layer)
+    _order(layers, chains)
+    widths = _box_widths(names, chains)
+    extent = _extents(widths, {mode.value for mode in exits})
+    x = _columns(layers, chains, extent)
+    boxes = {name: Box(name, x[name], MARGIN + 36 + layer[name] * LAYER_PITCH, widths[name])
+             for name in names}
+    arrows = _route(moves, back, chains, boxes, x, {mode.value for mode in exits})
+    start_box = boxes[start.value]
+    diagram = Diagram(boxes, arrows, (start_box.x, start_box.top - 28),
+                      [(boxes[m.value].bounds[2] + EXIT_STUB - 8, boxes[m.value].top + BOX_HEIGHT / 2)
+                       for m in exits])
+    _place_labels(diagram)
+    _frame(diagram)
+    return diagram
+
+
+def _moves_back(names: list[str], moves: Moves, start: str) -> set[Move]:
+    """The moves that close a cycle (to a mode still open in a depth-first walk from the start):
+    drawn upward, so that the rest read top to bottom."""
+    state: dict[str, str] = {}
+    back: set[Move] = set()
+
+    def visit(node: str) -> None:
+        state[node] = "open"
+        for source, target in moves:
+            if source != node or target == node:
+                continue
+            if state.get(target) == "open":
+                back.add((source, target))
+            elif target not in state:
+                visit(target)
+        state[node] = "done"
+
+    for node in [start, *names]:
+        if node not in state:
+            visit(node)
+    return back
+
+
+def _downward(moves: Moves, back: set[Move]) -> list[tuple[str, str]]:
+    """Every move between two modes as (upper, lower)."""
+    return [(b, a) if (a, b) in back else (a, b) for a, b in moves if a != b]
+
+
+def _layers(names: list[str], moves: Moves, back: set[Move]) -> dict[str, int]:
+    """Each mode's layer: one below the lowest mode with a move down into it (the start's is 0)."""
+    layer = dict.fromkeys(names, 0)
+    for _ in names:  # longest path: at most one round per mode
+        for upper, lower in _downward(moves, back):
+            layer[lower] = max(layer[lower], layer[upper] + 1)
+    return layer
+
+
+def _chains(names: list[str], moves: Moves, back: set[Move],
+            layer: Mapping[str, int]) -> tuple[dict[tuple[str, str], list[str]], list[list[str]]]:
+    """Each move's nodes from its upper mode to its lower one, a pass point in every layer between,
+    and each layer's nodes."""
+    layers: list[list[str]] = [[] for _ in range(max(layer.values()) + 1)]
+    for name in names:
+        layers[layer[name]].append(name)
+    chains: dict[tuple[str, str], list[str]] = {}
+    for key in moves:
+        if key[0] == key[1]:
+            continue
+        upper, lower = (key[1], key[0]) if key in back else key
+        passes = [f"{key[0]}>{key[1]}:{k}" for k in range(layer[upper] + 1, layer[lower])]
+        for k, node in zip(range(layer[upper] + 1, layer[lower]), passes, strict=True):
+            layers[k].append(node)
+        chains[key] = [upper, *passes, lower]
+    return chains, layers
+
+
+def _order(layers: list[list[str]], chains: Moves) -> None:
+    """Reorder each layer by the mean place of its neighbours, down and up a few times."""
+    above: dict[str, list[str]] = {}
+    below: dict[str, list[str]] = {}
+    for chain in chains.values():
+        for upper, lower in pairwise(chain):
+            below.setdefault(upper, []).append(lower)
+            above.setdefault(lower, []).append(upper)
+    for sweep in range(8):
+        down = sweep % 2 == 0
+        indices = range(1, len(layers)) if down else range(len(layers) - 2, -1, -1)
+        for k in indices:
+            place = {node: i for i, node in enumerate(layers[k - 1 if down else k + 1])}
+            neighbours = above if down else below
+
+            def key(item: tuple[int, str], place: dict[str, int] = place,
+                    neighbours: dict[str, list[str]] = neighbours) -> float:
+                i, node = item
+                near = [place[n] for n in neighbours.get(node, []) if n in place]
+                return sum(near) / len(near) if near else float(i)
+
+            layers[k][:] = [node for _, node in sorted(enumerate(layers[k]), key=key)]
+
+
+def _box_widths(names: list[str], chains: Mapping[tuple[str, str], list[str]]) -> dict[str, float]:
+    """Room for the name, and for a port per move on the busier side (top or bottom)."""
+    ports = {name: max(sum(chain[0] == name for chain in chains.values()),
+                       sum(chain[-1] == name for chain in chains.values())) for name in names}
+    return {name: round(max(text_width(name, BOX_SIZE) + 28, MIN_BOX_WIDTH, PORT_PX * ports[name] + 20), 1)
+            for name in names}
+
+
+def _extents(widths: Mapping[str, float], exits: set[str]) -> Callable[[str], tuple[float, float]]:
+    """What a node takes left and right of its centre: a box (and an exit's stub), or a pass."""
+    def extent(node: str) -> tuple[float, float]:
+        if node not in widths:
+            return (PASS_WIDTH / 2, PASS_WIDTH / 2)
+        half = widths[node] / 2
+        return (half, half + (EXIT_STUB if node in exits else 0))
+    return extent
+
+
+def _columns(layers: list[list[str]], chains: Moves,
+             extent: Callable[[str], tuple[float, float]]) -> dict[str, float]:
+    """Each node's centre: first packed from the left, then pulled toward its neighbours' mean a
+    few times, keeping the order and the gaps."""
+    x: dict[str, float] = {}
+    for nodes in layers:
+        right = 0.0
+        for node in nodes:
+            left_half, right_half = extent(node)
+            x[node] = right + left_half
+            right = x[node] + right_half + GAP
+    linked: dict[str, list[str]] = {}
+    for chain in chains.values():
+        for a, b in pairwise(chain):
+            linked.setdefault(a, []).append(b)
+            linked.setdefault(b, []).append(a)
+    for _ in range(40):
+        for nodes in layers:
+            wanted = [sum(x[n] for n in linked[node]) / len(linked[node]) if linked.get(node) else x[node]
+                      for node in nodes]
+            gaps = [extent(a)[1] + GAP + extent(b)[0] for a, b in pairwise(nodes)]
+            pushed_right, pushed_left = list(wanted), list(wanted)
+            for i in range(1, len(nodes)):
+                pushed_right[i] = max(pushed_right[i], pushed_right[i - 1] + gaps[i - 1])
+            for i in range(len(nodes) - 2, -1, -1):
+                pushed_left[i] = min(pushed_left[i], pushed_left[i + 1] - gaps[i])
+            for i, node in enumerate(nodes):
+                x[node] = (pushed_right[i] + pushed_left[i]) / 2
+    return x
+
+
+def _route(moves: Moves, back: set[Move], chains: Moves, boxes: Mapping[str, Box],
+           x: Mapping[str, float], exits: set[str]) -> list[Arrow]:
+    """Each move's curve. A move down leaves its box at the bottom and enters the lower one at the
+    top, at ports spread in the order of where the moves go, so that moves at one box do not cross;
+    a move back up enters its box at the side it comes from (the left of an exit mode, whose right
+    holds the exit), outside the moves that leave it."""
+    order = {key: i for i, key in enumerate(moves)}
+    ports: dict[tuple[str, str, tuple[str, str]], float] = {}  # (box, side, move) -> x
+
+    def spread(box: Box, side: str, keys: list[Move], where: Callable[[Move], float]) -> None:
+        keys.sort(key=lambda key: (where(key), order[key]))
+        span = min(box.width - 20, PORT_PX * len(keys))
+        for i, key in enumerate(keys):
+            ports[(box.name, side, key)] = box.x - span / 2 + span * (i + 0.5) / len(keys)
+
+    for box in boxes.values():  # the bottoms, by where the moves down go next
+        down = [key for key, chain in chains.items() if chain[0] == box.name and key not in back]
+        spread(box, "bottom", down, lambda key: x[chains[key][1]])
+    middles = {key: [(x[node], boxes[chain[0]].top + k * LAYER_PITCH + BOX_HEIGHT / 2)
+                     for k, node in enumerate(chain[1:-1], 1)] for key, chain in chains.items()}
+    sides: dict[tuple[str, str], list[tuple[str, str]]] = {}  # the moves back entering each side of a box
+    for key in moves:
+        if key in back:
+            upper, after = boxes[key[1]], [*middles[key], (x[key[0]], 0.0)][0]
+            side = "left" if after[0] < upper.x or upper.name in exits else "right"
+            sides.setdefault((upper.name, side), []).append(key)
+    entries: dict[tuple[str, str], tuple[Point, float]] = {}  # move back -> (where it enters, outward)
+    for (name, side), keys in sides.items():
+        box, sign = boxes[name], -1.0 if side == "left" else 1.0
+        for i, key in enumerate(keys):
+            y = box.top + BOX_HEIGHT / 2 + (i - (len(keys) - 1) / 2) * 8
+            entries[key] = ((box.x + sign * box.width / 2, y), sign)
+
+    def came_from(key: tuple[str, str]) -> float:  # where a move into a box's top comes from
+        chain = chains[key]
+        if len(chain) > 2:
+            return x[chain[-2]]
+        return entries[key][0][0] if key in back else ports[(chain[0], "bottom", key)]
+
+    for box in boxes.values():  # the tops, by where the moves come from
+        spread(box, "top", [key for key, chain in chains.items() if chain[-1] == box.name], came_from)
+    arrows = []
+    for key, causes in moves.items():
+        if key[0] == key[1]:
+            box = boxes[key[0]]
+            right, middle = box.bounds[2], box.top + BOX_HEIGHT / 2
+            loop: Segment = ((right, middle - 8), (right + 34, middle - 20), (right + 34, middle + 20),
+                             (right, middle + 8))
+            arrows.append(Arrow(key[0], key[1], causes, [loop]))
+            continue
+        chain = chains[key]
+        lower = boxes[chain[-1]]
+        end = (ports[(lower.name, "top", key)], lower.top)
+        if key in back:
+            (sx, sy), sign = entries[key]
+            first = [*middles[key], end][0]
+            reach = max(40.0, abs(first[0] - sx) * 0.6)
+            head: Segment = ((sx, sy), (sx + sign * reach, sy), (first[0], sy + (first[1] - sy) * 0.5), first)
+            segments = _reversed([head, *(_vertical(a, b) for a, b in pairwise([*middles[key], end]))])
+        else:
+            upper = boxes[chain[0]]
+            start = (ports[(upper.name, "bottom", key)], upper.top + BOX_HEIGHT)
+            segments = [_vertical(a, b) for a, b in pairwise([start, *middles[key], end])]
+        arrows.append(Arrow(key[0], key[1], causes, segments))
+    return arrows
+
+
+def _place_labels(diagram: Diagram) -> None:
+    """Each move's causes beside its line, at the first place that touches no box, mark, label or
+    line (the nearest to where the move starts first; right of the line, then left); failing
+    that, where it touches fewest."""
+    obstacles = [_grow(box.bounds, 4) for box in diagram.boxes.values()]
+    obstacles += [(x - 10, y - 10, x + 10, y + 10) for x, y in [diagram.start, *diagram.exits]]
+    lines_drawn = [point for arrow in diagram.arrows for point in arrow.samples()]
+    for arrow in diagram.arrows:
+        width = max(text_width(line, LABEL_SIZE) for line in arrow.causes) + 8
+        height = LINE_PX * len(arrow.causes) + 4
+        best: tuple[int, float, float] | None = None
+        for px, py in _label_anchors(arrow):
+            for left in (px + 7, px - 7 - width):
+                top = py - height / 2
+                bounds = (left, top, left + width, top + height)
+                hits = (10 * sum(_overlap(bounds, o) for o in obstacles)
+                        + sum(_inside(point, bounds) for point in lines_drawn))
+                if best is None or hits < best[0]:
+                    best = (hits, left, top)
+            if best is not None and best[0] == 0:
+                break
+        assert best is not None
+        arrow.label = Label(list(arrow.causes), best[1], best[2], width, height)
+        obstacles.append(_grow(arrow.label.bounds, 3))
+
+
+def _label_anchors(arrow: Arrow) -> list[Point]:
+    """Points along the move's curve where its label may go: each segment's middle first, then
+    nearer its ends; the segment where the move starts first."""
+    samples = arrow.samples(per_segment=20)
+    anchors = []
+    for segment in range(len(arrow.segments)):
+        anchors += [samples[segment * 20 + i] for i in (10, 7, 13, 4, 16)]
+    return anchors
+
+
+def _grow(b: tuple[float, float, float, float], by: float) -> tuple[float, float, float, float]:
+    return (b[0] - by, b[1] - by, b[2] + by, b[3] + by)
+
+
+def _overlap(a: tuple[float, float, float, float], b: tuple[float, float, float, float]) -> bool:
+    return a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
+
+
+def _inside(p: Point, b: tuple[float, float, float, float]) -> bool:
+    return b[0] <= p[0] <= b[2] and b[1] <= p[1] <= b[3]
+
+
+def _frame(diagram: Diagram) -> None:
+    """Move everything right of and below a margin, and size the picture to what it holds."""
+    bounds = [box.bounds for box in diagram.boxes.values()]
+    bounds += [a.label.bounds for a in diagram.arrows if a.label is not None]
+    bounds += [(x - 8, y - 8, x + 8, y + 8) for x, y in [diagram.start, *diagram.exits]]
+    bounds += [(x - 1, y - 1, x + 1, y + 1) for a in diagram.arrows for x, y in a.samples()]
+    dx = MARGIN - min(b[0] for b in bounds)
+    dy = MARGIN - min(b[1] for b in bounds)
+    for box in diagram.boxes.values():
+        box.x, box.top = box.x + dx, box.top + dy
+    for arrow in diagram.arrows:
+        arrow.shift(dx, dy)
+        if arrow.label is not None:
+            arrow.label.left, arrow.label.top = arrow.label.left + dx, arrow.label.top + dy
+    diagram.start = (diagram.start[0] + dx, diagram.start[1] + dy)
+    diagram.exits = [(x + dx, y + dy) for x, y in diagram.exits]
+    bottom = max(b[3] for b in bounds) + dy
+    diagram.notes = [(MARGIN, bottom + 22, "● start")]
+    if diagram.exits:
+        diagram.notes.append((MARGIN + text_width("● start", 11) + 18, bottom + 22, "◉ esiwrap exits"))
+    note_end = max(x + text_width(text, 11) for x, _, text in diagram.notes)
+    diagram.width = round(max(max(b[2] for b in bounds) + dx, note_end) + MARGIN)
+    diagram.height = round(bottom + 22 + MARGIN)
+
+
+def state_diagram_svg(d: Diagram) -> str:
+    """The diagram as a self-contained SVG: no script, no font or file from anywhere else."""
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{d.width}" height="{d.height}" '
+           f'viewBox="0 0 {d.width} {d.height}" font-family="{FONT}" font-size="{LABEL_SIZE}" role="img" '
+           f'aria-label="state diagram: {len(d.boxes)} modes, {len(d.arrows)} moves">',
+           '<defs><marker id="head" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="8" markerHeight="8" '
+           f'orient="auto"><path d="M0,1 L10,5 L0,9 z" fill="{MUTED}"/></marker></defs>',
+           '<rect width="100%" height="100%" fill="#ffffff"/>']
+    for a in d.arrows:
+        out.append(f'<path class="move" data-from="{_esc(a.source)}" data-to="{_esc(a.target)}" '
+                   f'd="{a.curve()}" fill="none" stroke="{MUTED}" stroke-width="1.4" '
+                   'marker-end="url(#head)"/>')
+    for a in d.arrows:
+        if a.label is None:
+            continue
+        lab = a.label
+        out.append(f'<g class="cause"><rect x="{lab.left:.1f}" y="{lab.top:.1f}" width="{lab.width:.1f}" '
+                   f'height="{lab.height:.1f}" rx="3" fill="#ffffff" fill-opacity="0.9"/>')
+        out += [f'<text x="{lab.left + 4:.1f}" y="{lab.top + 2 + LINE_PX * (i + 1) - 4:.1f}" '
+                f'fill="{INK}">{_esc(line)}</text>' for i, line in enumerate(lab.lines)]
+        out.append("</g>")
+    for box in d.boxes.values():
+        left, top, _, _ = box.bounds
+        out.append(f'<g class="mode" data-mode="{_esc(box.name)}"><rect x="{left:.1f}" y="{top:.1f}" '
+                   f'width="{box.width:.1f}" height="{box.height}" rx="7" fill="{FILL}" stroke="{STROKE}" '
+                   f'stroke-width="1.5"/><text x="{box.x:.1f}" y="{top + box.height / 2 + 4.5:.1f}" '
+                   f'text-anchor="middle" font-size="{BOX_SIZE}" fill="{INK}">{_esc(box.name)}</text></g>')
+    sx, sy = d.start
+    out.append(f'<circle class="start" cx="{sx:.1f}" cy="{sy:.1f}" r="6" fill="{INK}"/>'
+               f'<path d="M{sx:.1f},{sy + 6:.1f} L{sx:.1f},{sy + 27:.1f}" stroke="{MUTED}" '
+               f'stroke-width="1.4" marker-end="url(#head)"/>')
+    for ex, ey in d.exits:
+        out.append(f'<path d="M{ex - EXIT_STUB + 8:.1f},{ey:.1f} L{ex - 8:.1f},{ey:.1f}" stroke="{MUTED}" '
+                   f'stroke-width="1.4" marker-end="url(#head)"/><circle class="exit" cx="{ex:.1f}" '
+                   f'cy="{ey:.1f}" r="7" fill="none" stroke="{INK}" stroke-width="1.5"/>'
+                   f'<circle cx="{ex:.1f}" cy="{ey:.1f}" r="4" fill="{INK}"/>')
+    out += [f'<text x="{x:.1f}" y="{y:.1f}" font-size="11" fill="{MUTED}">{_esc(text)}</text>'
+            for x, y, text in d.notes]
+    return "\n".join([*out, "</svg>"]) + "\n"
 
 
 BLOCKS: dict[str, tuple[str, Callable[[str], str]]] = {
@@ -148,6 +614,10 @@ BLOCKS: dict[str, tuple[str, Callable[[str], str]]] = {
     "reference/environment.md": ("environment", environment_block),
     "reference/events.md": ("events", events_block),
     "design.md": ("modes", modes_block),
+}
+# Whole files the generator writes (under docs/), beside the pages' blocks.
+FILES: dict[str, Callable[[], str]] = {
+    MODES_SVG: modes_svg,
 }
 
 
@@ -163,8 +633,14 @@ def generated(page: str, text: str) -> str:
 
 
 def stale_pages() -> list[str]:
+    """The pages, then the files, that differ from what the generator writes now."""
     texts = {page: (DOCS / page).read_text(encoding="utf-8") for page in BLOCKS}
-    return [page for page, text in texts.items() if text != generated(page, text)]
+    stale = [page for page, text in texts.items() if text != generated(page, text)]
+    return stale + [name for name, write in FILES.items() if _read(DOCS / name) != write()]
+
+
+def _read(path: Path) -> str | None:
+    return path.read_text(encoding="utf-8") if path.is_file() else None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -183,6 +659,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         if new != text:
             path.write_text(new, encoding="utf-8")
             print(f"wrote docs/{page}")
+    for name, write in FILES.items():
+        path, text = DOCS / name, write()
+        if _read(path) != text:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text, encoding="utf-8")
+            print(f"wrote docs/{name}")
     return 0
 
 

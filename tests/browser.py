@@ -5,6 +5,8 @@ library only: a WebSocket client of a few lines, a PNG reader to look at screens
         page = browser.open(url)           # navigates and waits for the load event
         page.evaluate("document.title")    # a JSON-able value
         png = page.screenshot()            # bytes
+        page.goto(other_url)               # the same tab, elsewhere
+        page.problems()                    # failed loads, console errors, uncaught exceptions
 """
 
 from __future__ import annotations
@@ -70,15 +72,20 @@ class Chromium:
         finally:
             conn.close()
 
-    def open(self, url: str, timeout: float = 60.0) -> Page:
+    def open(self, url: str, timeout: float = 60.0, *, width: int = 1280, height: int = 900,
+             offline: bool = False) -> Page:
+        """A new tab of `width` by `height` CSS pixels, at `url` once its load event fired. With
+        `offline`, every request to the network fails at once (file: and data: URLs still load)."""
         target = self._http("PUT", "/json/new?about:blank")
         page = Page(target["webSocketDebuggerUrl"])
-        page.call("Page.enable")
-        page.call("Network.enable")
-        page.call("Emulation.setDeviceMetricsOverride", width=1280, height=900, deviceScaleFactor=1,
+        for domain in ("Page", "Network", "Log", "Runtime"):
+            page.call(f"{domain}.enable")
+        page.call("Emulation.setDeviceMetricsOverride", width=width, height=height, deviceScaleFactor=1,
                   mobile=False)
-        page.call("Page.navigate", url=url)
-        page.wait_event("Page.loadEventFired", timeout)
+        if offline:
+            page.call("Network.emulateNetworkConditions", offline=True, latency=0, downloadThroughput=-1,
+                      uploadThroughput=-1)
+        page.goto(url, timeout)
         return page
 
     def close(self) -> None:
@@ -116,6 +123,13 @@ class Page:
                 return result
             self.events.append(message)
 
+    def goto(self, url: str, timeout: float = 60.0) -> None:
+        """Navigate this tab to `url` and wait for its load event (images included); what the
+        previous page reported is forgotten."""
+        self.events.clear()
+        self.call("Page.navigate", url=url)
+        self.wait_event("Page.loadEventFired", timeout)
+
     def wait_event(self, method: str, timeout: float) -> dict[str, Any]:
         deadline = time.monotonic() + timeout
         for event in self.events:
@@ -144,6 +158,27 @@ class Page:
     def requested_urls(self) -> list[str]:
         return [e["params"]["request"]["url"] for e in self.events
                 if e.get("method") == "Network.requestWillBeSent"]
+
+    def problems(self) -> list[str]:
+        """What went wrong on the page so far, a line each: a load that failed (with its URL), an
+        error on the console, an uncaught exception."""
+        urls = {e["params"]["requestId"]: e["params"]["request"]["url"] for e in self.events
+                if e.get("method") == "Network.requestWillBeSent"}
+        found = []
+        for event in self.events:
+            method, params = event.get("method"), event.get("params", {})
+            if method == "Network.loadingFailed":
+                found.append(f"failed load: {urls.get(params['requestId'], '?')}: {params.get('errorText')}")
+            elif method == "Log.entryAdded" and params["entry"]["level"] == "error":
+                found.append(f"console error: {params['entry']['text']} {params['entry'].get('url', '')}")
+            elif method == "Runtime.consoleAPICalled" and params["type"] == "error":
+                found.append("console.error: " + " ".join(str(a.get("value", a.get("description")))
+                                                          for a in params["args"]))
+            elif method == "Runtime.exceptionThrown":
+                details = params["exceptionDetails"]
+                thrown = details.get("exception", {}).get("description") or details["text"]
+                found.append(f"uncaught: {thrown}")
+        return found
 
 
 class WebSocket:

@@ -1,26 +1,35 @@
 """The reference pages and `--help` come from the option registry and the event list: the committed
 pages are what `scripts/gen_reference.py` writes, every option has its section, help and
-description, and `esiwrap --help` shows the sections as groups (`--help-all` describes each)."""
+description, and `esiwrap --help` shows the sections as groups (`--help-all` describes each). The
+documentation's pictures are what their scripts draw now: the modes from the transition table, the
+timeline from the committed log of a real run (`scripts/gen_pictures.py`)."""
 
 from __future__ import annotations
 
 import difflib
+import enum
 import importlib.util
+import json
 import os
 import re
 import shutil
+import socket
 import subprocess
+import sys
+import xml.etree.ElementTree as ET
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 from esiwrap_harness import PYTHON, ROOT
 
-from esiwrap import envvars, errors
+from esiwrap import cli, envvars, errors
 from esiwrap.cli.options import ALL_RUN_OPTIONS, BOOLEAN_FLAGS, QUIET_NEGATIVES, RUN_FLAGS
+from esiwrap.core.controller.modes import TRANSITIONS, Mode
 from esiwrap.optiontypes import SECTIONS
 
 DOCS = ROOT / "docs"
+SVG = "{http://www.w3.org/2000/svg}"
 # The names every earlier release documented: they keep working, whatever is added.
 FLAGS_SINCE_0_1 = (
     "--deadline", "--sources", "--refresh", "--sagemaker-lead", "--slurm-requeue", "--volcengine-endpoint",
@@ -35,23 +44,32 @@ FLAGS_SINCE_0_1 = (
 
 
 def generator() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("gen_reference", ROOT / "scripts" / "gen_reference.py")
+    return script("gen_reference")
+
+
+def script(name: str) -> ModuleType:
+    """scripts/NAME.py, loaded afresh."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up while they are made
     spec.loader.exec_module(module)
     return module
 
 
 def test_the_generated_reference_pages_are_current() -> None:
-    """Each committed page (options, environment variables, events) is exactly what the
-    generator writes from the code now: a changed option, variable or event without a
-    regenerated page fails here, with the difference."""
+    """Each committed page (options, environment variables, events, the design page's modes) and
+    the modes' picture (docs/images/modes.svg) is exactly what the generator writes from the code
+    now: a changed option, variable, event or move without a regenerated page fails here, with
+    the difference."""
     gen = generator()
+    fresh_texts = {name: write() for name, write in gen.FILES.items()}
     for page in gen.BLOCKS:
-        committed = (DOCS / page).read_text(encoding="utf-8")
-        fresh = gen.generated(page, committed)
+        fresh_texts[page] = gen.generated(page, (DOCS / page).read_text(encoding="utf-8"))
+    for name, fresh in fresh_texts.items():
+        committed = (DOCS / name).read_text(encoding="utf-8")
         diff = "".join(difflib.unified_diff(committed.splitlines(True), fresh.splitlines(True),
-                                            f"docs/{page} (committed)", f"docs/{page} (generated)", n=1))
+                                            f"docs/{name} (committed)", f"docs/{name} (generated)", n=1))
         assert committed == fresh, f"stale: run scripts/gen_reference.py\n{diff}"
 
 
@@ -67,13 +85,152 @@ def test_a_stale_page_is_caught_and_named(tmp_path: Path) -> None:
     copy = tmp_path / "docs" / page
     copy.parent.mkdir(parents=True)
     copy.write_text(edited, encoding="utf-8")
-    for other in gen.BLOCKS:
-        if other != page:
-            shutil.copy(DOCS / other, tmp_path / "docs" / other)
+    copy_generated(gen, tmp_path / "docs", but=page)
     gen.DOCS = tmp_path / "docs"
     assert gen.stale_pages() == [page]
     assert gen.main(["--check"]) == 1
     assert gen.main([]) == 0 and copy.read_text(encoding="utf-8") == text
+
+
+def copy_generated(gen: ModuleType, docs: Path, but: str) -> None:
+    """The committed generated pages and pictures, but one, copied under `docs`."""
+    for name in [*gen.BLOCKS, *gen.FILES]:
+        if name != but:
+            (docs / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(DOCS / name, docs / name)
+
+
+class Extra(enum.Enum):
+    PAUSED = "paused"
+
+
+def table_with_a_new_mode() -> dict[object, dict[str, object]]:
+    """The transition table as it is, and one more mode with causes no table has held."""
+    table: dict[object, dict[str, object]] = {mode: dict(moves) for mode, moves in
+                                              generator().moves_only(TRANSITIONS).items()}
+    table[Mode.RUNNING]["capacity paused"] = Extra.PAUSED
+    table[Extra.PAUSED] = {"capacity back": Mode.RUNNING, "stop": Mode.STOPPING}
+    return table
+
+
+def test_the_modes_picture_is_drawn_from_the_table_when_the_generator_runs(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The picture is read from `modes.TRANSITIONS` at run time, whatever its modes and causes: a
+    table with a mode and causes added draws a box for the mode and a label for each cause, so the
+    committed picture is then stale (`--check` names it) and regenerating writes the new one; the
+    design page's table gains the new rows too."""
+    gen = generator()
+    picture = gen.MODES_SVG
+    copy_generated(gen, tmp_path / "docs", but="")
+    gen.DOCS = tmp_path / "docs"
+    monkeypatch.setattr(gen, "TRANSITIONS", table_with_a_new_mode())
+    svg = gen.modes_svg()
+    root = ET.fromstring(svg)
+    modes = {g.get("data-mode") for g in root.iter(f"{SVG}g") if g.get("class") == "mode"}
+    causes = {"".join(text.itertext()) for g in root.iter(f"{SVG}g") if g.get("class") == "cause"
+              for text in g.iter(f"{SVG}text")}
+    assert modes == {mode.value for mode in Mode} | {"paused"}
+    assert {"capacity paused", "capacity back", "save asked", "deadline gone"} <= causes
+    assert gen.stale_pages() == ["design.md", picture]
+    assert gen.main(["--check"]) == 1
+    assert gen.main([]) == 0 and (tmp_path / "docs" / picture).read_text(encoding="utf-8") == svg
+    design = (tmp_path / "docs" / "design.md").read_text(encoding="utf-8")
+    assert "`paused` (capacity paused)" in design
+
+
+def test_a_stale_modes_picture_is_caught_and_named(tmp_path: Path) -> None:
+    """A picture edited by hand, or missing, is reported stale by `--check` (exit 1, the picture
+    named), and regenerating restores it."""
+    gen = generator()
+    picture = gen.MODES_SVG
+    copy_generated(gen, tmp_path / "docs", but="")
+    gen.DOCS = tmp_path / "docs"
+    path = tmp_path / "docs" / picture
+    committed = path.read_text(encoding="utf-8")
+    path.write_text(committed.replace(">save asked<", ">save wanted<"), encoding="utf-8")
+    assert gen.stale_pages() == [picture] and gen.main(["--check"]) == 1
+    path.unlink()
+    assert gen.stale_pages() == [picture]
+    assert gen.main([]) == 0 and path.read_text(encoding="utf-8") == committed
+
+
+@pytest.mark.parametrize("table", ["as it is", "with a new mode"])
+def test_the_modes_picture_keeps_boxes_and_labels_apart(table: str) -> None:
+    """The layout, for the table as it is and with a mode added: every mode is one box and every
+    move (its causes together) one arrow with one label; no two boxes overlap, no label covers a
+    box or another label, everything lies inside the picture, and its text is 12 px or more; the
+    table as it is fits the page's text column (at most 720 px wide: a mode more may widen it)."""
+    gen = generator()
+    transitions = gen.moves_only(TRANSITIONS) if table == "as it is" else table_with_a_new_mode()
+    diagram = gen.state_diagram(transitions, Mode.RUNNING, list(gen.EXIT_MODES))
+    names = {mode.value for mode in transitions}
+    names |= {target.value for moves in transitions.values() for target in moves.values()}
+    assert set(diagram.boxes) == names
+    assert len(diagram.arrows) == len({(m, t) for m, moves in transitions.items() for t in moves.values()})
+    boxes = [box.bounds for box in diagram.boxes.values()]
+    labels = [arrow.label.bounds for arrow in diagram.arrows]
+    for i, one in enumerate(boxes + labels):
+        for other in (boxes + labels)[i + 1:]:
+            assert not gen._overlap(one, other), (one, other)
+        left, top, right, bottom = one
+        assert left >= 0 and top >= 0 and right <= diagram.width and bottom <= diagram.height
+    assert gen.LABEL_SIZE >= 12 and gen.BOX_SIZE >= 12
+    assert diagram.width <= 720 or table != "as it is"
+
+
+def test_the_timeline_picture_is_what_esiwrap_report_draws_from_the_committed_run(tmp_path: Path) -> None:
+    """docs/images/timeline.svg (the report page's picture) is exactly what `esiwrap report LOG
+    --svg` draws now from the committed log of the demo run, docs/images/timeline-run.jsonl: a
+    change to the timeline's drawing without `scripts/gen_pictures.py --render` fails here, at the
+    first difference."""
+    pictures = script("gen_pictures")
+    fresh = tmp_path / "timeline.svg"
+    assert cli.main(["report", str(pictures.LOG), "--svg", str(fresh)]) == 0
+    drawn, committed = fresh.read_text(encoding="utf-8"), pictures.SVG.read_text(encoding="utf-8")
+    at = next((i for i, (a, b) in enumerate(zip(drawn, committed, strict=False)) if a != b),
+              min(len(drawn), len(committed)))
+    around = slice(max(at - 80, 0), at + 80)
+    assert drawn == committed, (
+        f"stale: run scripts/gen_pictures.py --render; the first difference, at character {at}:\n"
+        f" committed …{committed[around]}…\n drawn     …{drawn[around]}…")
+
+
+def test_the_run_behind_the_timeline_picture_is_whole_and_names_no_machine() -> None:
+    """The committed log is one whole run of the demo's trainer under esiwrap (its command, a
+    deadline from the command line, completed saves, exit 75), and neither it nor the picture names
+    a path of the machine it ran on or that machine: checkpoints under /ckpt, host gpu-node-1."""
+    pictures = script("gen_pictures")
+    text = pictures.LOG.read_text(encoding="utf-8")
+    lines = [json.loads(line) for line in text.splitlines()]
+    by_event: dict[str, list[dict[str, object]]] = {}
+    for line in lines:
+        by_event.setdefault(str(line["event"]), []).append(line)
+    started, = by_event["child_started"]
+    assert started["argv"][:2] == ["python", "examples/tiny_trainer.py"] and started["host"] == pictures.HOST
+    assert by_event["deadline_resolved"][0]["source"] == "cli"
+    assert [line["kind"] for line in by_event["save_completed"]][-1] == "final"
+    assert by_event["trainer_attached"][0]["checkpoint_dir"] == "/ckpt"
+    assert by_event["supervisor_exit"][0]["code"] == errors.EXIT_CHECKPOINTED
+    for body in (text, pictures.SVG.read_text(encoding="utf-8")):
+        assert not re.search(r"/work/|/root|/tmp/|/home/|worktree|\.venv", body)
+
+
+def test_the_picture_script_replaces_every_scratch_path_and_the_host_name() -> None:
+    """The script's scrubbing: a scratch path anywhere in a line (nested, inside longer text) becomes
+    its neutral name, the longest first; a value that is the host name becomes gpu-node-1; and what
+    is left over is found (a host name only as a whole word)."""
+    pictures = script("gen_pictures")
+    places = {"/tmp/x/job/ckpt": "/ckpt", "/tmp/x/job": "/job"}
+    line = {"event": "e", "host": socket.gethostname(), "argv": ["python", "--ckpt-dir", "/tmp/x/job/ckpt"],
+            "settings": {"--state-file": "/tmp/x/job/ckpt/state.json", "--log": "/tmp/x/job/e.jsonl"},
+            "why": "saved to /tmp/x/job/ckpt/latest.pt", "step": 3}
+    assert pictures.neutral(line, places) == {
+        "event": "e", "host": "gpu-node-1", "argv": ["python", "--ckpt-dir", "/ckpt"],
+        "settings": {"--state-file": "/ckpt/state.json", "--log": "/job/e.jsonl"},
+        "why": "saved to /ckpt/latest.pt", "step": 3}
+    assert pictures.leftovers('{"path": "/tmp/x/job/a"}', ["/tmp/x/job", "/srv"]) == ["/tmp/x/job"]
+    assert pictures.leftovers('{"host": "vm", "why": "vmstat"}', ["vm"]) == ["vm"]
+    assert pictures.leftovers('{"why": "vmstat, kvm"}', ["vm"]) == []
 
 
 def test_every_option_has_a_section_a_short_help_and_a_description() -> None:
