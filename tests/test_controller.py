@@ -522,3 +522,19 @@ def test_lateness_is_logged_with_each_report_and_in_the_snapshot() -> None:
     assert snapshot.report_delay_max_s == 0.003 and snapshot.timer_late_max_s == 0.02
     assert snapshot.lateness() == {"timers": {"p99_s": 0.02, "max_s": 0.02},
                                    "reports": {"p99_s": 0.003, "max_s": 0.003}}
+
+
+def test_an_earlier_deadline_cuts_short_the_wait_for_a_save_being_written() -> None:
+    """Draining with a save being written, its wait was extended up to the deadline then known; a
+    deadline that moves earlier ends that wait by itself (the capacity is gone then), and the stop
+    begins no later than --stop-grace after it (hypothesis found the case)."""
+    d = Driver(ControllerConfig(policy=PolicyConfig(redundant_s=0.0, save_duration_s=1.0), signal_child=True,
+                                stop_grace_s=5.0))
+    d.deadline(0.0)  # learned too late: save at once, wait --stop-grace for it
+    d.deadline(12.0)
+    d.feed(core.SaveBegin(CHILD, 0))
+    d.advance(5.0)  # the wait is over, the save is being written: it may go on until the deadline
+    assert d.controller.mode is core.Mode.DRAINING
+    d.deadline(0.0)  # the deadline moves to now
+    d.advance(5.0)
+    assert d.controller.mode is not core.Mode.DRAINING and d.controller.stop is not None

@@ -59,6 +59,13 @@ class StopSequence:
         self.extend_timeout(Mode.DRAINING, now)
         return True
 
+    def deadline_moved(self, deadline: Deadline, now: Now) -> None:
+        """A drain's wait ends by the deadline at the latest (the capacity is gone then): one that
+        moved earlier than the wait (a save being written was given until the old deadline) cuts
+        it short."""
+        if self.ack_until is not None:
+            self.ack_until = min(self.ack_until, now.mono + max(0.0, deadline.at - now.wall))
+
     def drained(self) -> None:
         self.ack_until = None
 
