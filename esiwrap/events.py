@@ -100,8 +100,12 @@ TRAINER_ATTACHED = _event(
     "resumed_from, nodes when the trainer said them, and verl's checkpoint_estimate: how the size "
     "was estimated; in a Slurm job also `sigterm: save` and its `stop_signal`)")
 TRAINER_REJECTED = _event(
-    "trainer_rejected", TRAINERS, "a hello from outside esiwrap's tree that asked to be signalled",
+    "trainer_rejected", TRAINERS, "a hello from outside esiwrap's tree that asked to be signalled, or "
+    "one that reached esiwrap after the same process's bye (info level)",
     "pid, reason")
+TRAINER_LEFT = _event(
+    "trainer_left", TRAINERS, "a trainer said bye: its process is ending (the library says it at exit)",
+    "pid (it gets no save signal any more: it ignores it until it is gone)")
 NO_TRAINER_ATTACHED = _event(
     "no_trainer_attached", TRAINERS, "a save was due and nothing attached: the child is stopped (exit 76)",
     "action")

@@ -53,6 +53,7 @@ from esiwrap.core.controller.protocol import (
     StopChild,
     StorageProbed,
     TrainerGone,
+    TrainerLeft,
     TrainingStart,
     TreeChecked,
     UploadExited,
@@ -101,7 +102,7 @@ class Controller:
         self._routes: Mapping[type, Callable[[Any, Now], None]] = {
             ChildStarted: self._on_child_started, Hello: self._on_hello,
             CheckpointSize: self._on_checkpoint_size, StorageProbed: self._on_storage_probed,
-            TrainerGone: self._on_trainer_gone, Step: self._on_step,
+            TrainerGone: self._on_trainer_gone, TrainerLeft: self._on_trainer_left, Step: self._on_step,
             SaveBegin: self._on_save_begin, SaveSnapshot: self._on_save_snapshot, SaveEnd: self._on_save_end,
             DeadlineAnswers: self._on_deadline_answers, SignalReceived: self._on_signal_received,
             ChildExited: self._on_child_exited, TreeChecked: self._on_tree_checked,
@@ -251,6 +252,11 @@ class Controller:
             # we only ever signal our own tree; relayed processes say signal=false
             self._log("warning", ev.TRAINER_REJECTED, pid=hello.pid, reason="not a descendant of esiwrap")
             return
+        if self.roster.has_left(hello.pid):
+            # sent before its bye and come late (another client of the same process, kept while
+            # esiwrap's queue was full): the process is ending and ignores the save signal
+            self._log("info", ev.TRAINER_REJECTED, pid=hello.pid, reason="it said bye: its process is ending")
+            return
         more_nodes = self.roster.attach(hello, now.wall)
         self._log("info", ev.TRAINER_ATTACHED, pid=hello.pid, **hello.fields)
         self.obs.trainer_started(now.wall)
@@ -284,6 +290,13 @@ class Controller:
 
     def _on_trainer_gone(self, gone: TrainerGone, now: Now) -> None:
         if self.roster.gone(gone.pid) and self.saves.request is not None:
+            self._check_acknowledged(now)  # it may have been the last one to wait for
+
+    def _on_trainer_left(self, left: TrainerLeft, now: Now) -> None:
+        if not self.roster.leave(left.pid):
+            return
+        self._log("info", ev.TRAINER_LEFT, pid=left.pid)
+        if self.saves.request is not None:
             self._check_acknowledged(now)  # it may have been the last one to wait for
 
     def _on_child_exited(self, exited: ChildExited, now: Now) -> None:
