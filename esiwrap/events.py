@@ -47,7 +47,8 @@ COMMAND_FAILED = _event(
     "reason (the command was not found or is not executable: exit 127/126)")
 CHILD_EXITED = _event(
     "child_exited", COMMAND, "the command ended",
-    "pid, code, signal (hint on an unexpected SIGKILL)")
+    "pid, code, signal (hint on an unexpected SIGKILL; on a death by the save signal esiwrap sent it: "
+    "how long before, and that it had no handler for it)")
 SUPERVISOR_EXIT = _event(
     "supervisor_exit", COMMAND, "esiwrap exits",
     "code, reason, last_step, checkpoint_step (the last completed), durable_step (the last "

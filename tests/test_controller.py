@@ -427,6 +427,41 @@ def test_a_bye_from_a_process_that_never_said_hello_changes_nothing() -> None:
     assert 5001 in d.controller.trainers
 
 
+def test_a_child_killed_by_the_save_signal_esiwrap_sent_it_says_so() -> None:
+    """The child dies of the save signal esiwrap sent it 28 ms earlier (it had no handler: it
+    never called install(), uninstalled it, or was shutting down): the exit code stays 128+10,
+    the reason and the log's hint say what happened."""
+    d = Driver()
+    d.hello()
+    d.feed(core.SignalReceived("SIGUSR1"))
+    d.mono += 0.028
+    d.feed(core.ChildExited(CHILD, None, "SIGUSR1", 10))
+    d.feed(core.TreeChecked(0))
+    (exit_,) = exits(d.actions)
+    expected = ("killed by SIGUSR1, the save signal esiwrap sent it 28 ms earlier: it had no handler for "
+                "it (a trainer that never called install(), or one that had called uninstall() or was "
+                "shutting down)")
+    assert (exit_.code, exit_.reason) == (128 + 10, f"child exited: {expected}")
+    assert logs(d.actions, "child_exited")[0]["hint"] == expected
+
+
+@pytest.mark.parametrize("signalled", [False, True])
+def test_a_death_by_a_signal_esiwrap_did_not_send_is_a_plain_child_exit(signalled: bool) -> None:
+    """SIGUSR1 that esiwrap never sent (a `kill -USR1` by hand), or sent for a save the trainer
+    already acknowledged: "child exited", nothing more."""
+    d = Driver()
+    d.hello()
+    if signalled:
+        d.steps(1, 2, 1.0)
+        d.feed(core.SignalReceived("SIGUSR1"))
+        d.save(2, 0.5)
+    d.feed(core.ChildExited(CHILD, None, "SIGUSR1", 10))
+    d.feed(core.TreeChecked(0))
+    (exit_,) = exits(d.actions)
+    assert (exit_.code, exit_.reason) == (128 + 10, "child exited")
+    assert "hint" not in logs(d.actions, "child_exited")[0]
+
+
 # ------------------------------------------------------------------------ exit 76 says why (issue 24)
 def missed(d: Driver) -> dict:
     (event,) = [e for e in logs(d.actions, "save_missed") if "never_came" in e]

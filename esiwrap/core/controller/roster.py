@@ -23,7 +23,8 @@ class Trainer:
 
 
 class Roster:
-    """Who is there: the child (until it exits) and the attached trainers; who said bye."""
+    """Who is there: the child (until it exits) and the attached trainers; who said bye; when each
+    process last got the save signal."""
 
     def __init__(self, signal_child: bool) -> None:
         self.signal_child = signal_child  # --signal-child: the save signal goes to the child itself
@@ -34,6 +35,7 @@ class Roster:
         self.nodes = 1  # the most nodes a trainer's hello said its job spans
         self.checkpoint_dir: str | None = None  # the first directory a trainer named
         self.left: set[int] = set()  # said bye: never signalled again, until the process exits
+        self.save_signalled_mono: dict[int, float] = {}  # pid -> when it last got the save signal
 
     def view(self) -> dict[str, Any]:
         return {"child_pid": self.child_pid, "trainers": len(self.trainers)}
@@ -74,6 +76,10 @@ class Roster:
     def has_left(self, pid: int) -> bool:
         """Said bye, and its process has not been seen to exit: a hello of it is one sent before."""
         return pid in self.left
+
+    def save_signal_sent(self, pids: list[int], now_mono: float) -> None:
+        for pid in pids:
+            self.save_signalled_mono[pid] = now_mono
 
     def attached(self, pid: int) -> bool:
         """Said hello; with --signal-child the direct child needs not (it handles the signal itself)."""
