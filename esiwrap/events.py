@@ -47,7 +47,8 @@ COMMAND_FAILED = _event(
     "reason (the command was not found or is not executable: exit 127/126)")
 CHILD_EXITED = _event(
     "child_exited", COMMAND, "the command ended",
-    "pid, code, signal (hint on an unexpected SIGKILL)")
+    "pid, code, signal (hint on an unexpected SIGKILL; on a death by the save signal esiwrap sent it: "
+    "how long before, and that it had no handler for it)")
 SUPERVISOR_EXIT = _event(
     "supervisor_exit", COMMAND, "esiwrap exits",
     "code, reason, last_step, checkpoint_step (the last completed), durable_step (the last "
@@ -100,8 +101,12 @@ TRAINER_ATTACHED = _event(
     "resumed_from, nodes when the trainer said them, and verl's checkpoint_estimate: how the size "
     "was estimated; in a Slurm job also `sigterm: save` and its `stop_signal`)")
 TRAINER_REJECTED = _event(
-    "trainer_rejected", TRAINERS, "a hello from outside esiwrap's tree that asked to be signalled",
+    "trainer_rejected", TRAINERS, "a hello from outside esiwrap's tree that asked to be signalled, or "
+    "one that reached esiwrap after the same process's bye (info level)",
     "pid, reason")
+TRAINER_LEFT = _event(
+    "trainer_left", TRAINERS, "a trainer said bye: its process is ending (the library says it at exit)",
+    "pid (it gets no save signal any more: it ignores it until it is gone)")
 NO_TRAINER_ATTACHED = _event(
     "no_trainer_attached", TRAINERS, "a save was due and nothing attached: the child is stopped (exit 76)",
     "action")

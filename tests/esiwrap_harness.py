@@ -25,6 +25,7 @@ TINY_TRAINER = EXAMPLES / "tiny_trainer.py"
 CHILDREN = Path(__file__).resolve().parent / "children"
 SIGNAL_ECHO = CHILDREN / "signal_echo.py"
 PLAIN_TRAINER = CHILDREN / "plain_trainer.py"
+FINISHING_TRAINER = CHILDREN / "finishing_trainer.py"
 PYTHON = sys.executable
 
 Event = dict[str, Any]
@@ -289,3 +290,37 @@ def wait_until(predicate: Callable[[], bool], timeout: float, interval: float = 
             return True
         time.sleep(interval)
     return predicate()
+
+
+def release(fifo: str | os.PathLike[str], alive: Callable[[], bool], timeout: float = 30.0) -> bool:
+    """Write the byte a process holding on `fifo` waits for (`children/finishing_trainer.py`): once
+    it has opened the FIFO to read. False when it did not (it died first, or `timeout` passed)."""
+    opened: list[int] = []
+
+    def open_writer() -> bool:
+        with contextlib.suppress(OSError):  # ENXIO: no reader yet
+            opened.append(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        return bool(opened) or not alive()
+
+    wait_until(open_writer, timeout)
+    if not opened:
+        return False
+    os.write(opened[0], b"!")
+    os.close(opened[0])
+    return True
+
+
+def send_until_gone(pidfd: int, signum: int, alive: Callable[[], bool] = lambda: True,
+                    timeout: float = 30.0, at_most: int | None = None) -> int:
+    """Send `signum` to the process of `pidfd` in a tight loop until it is gone (reaped: a pidfd never
+    reaches another process that got the pid since), `alive()` says so, `at_most` signals went out,
+    or `timeout` passed; how many went out."""
+    sent = 0
+    deadline = time.monotonic() + timeout
+    while alive() and (at_most is None or sent < at_most) and time.monotonic() < deadline:
+        try:
+            signal.pidfd_send_signal(pidfd, signum)
+        except ProcessLookupError:
+            break
+        sent += 1
+    return sent

@@ -374,6 +374,95 @@ def test_a_second_hello_of_one_process_adds_to_the_first(order: str) -> None:
     assert [a.signal for a in d.actions if isinstance(a, core.StopChild)] == ["SIGINT"]
 
 
+# ------------------------------------------------------------------------ a trainer's bye
+def test_a_trainer_that_said_bye_gets_no_save_signal_any_more() -> None:
+    """After its bye (the library says it as the process ends, then ignores the signal) a trainer
+    is signalled no more: a save asked for by hand finds nobody, a save that falls due names no
+    pid, and the bye is logged once."""
+    d = Driver(ControllerConfig(policy=QUICK, stop_grace_s=2.0))
+    d.hello()
+    d.steps(1, 3, 1.0)
+    d.feed(core.TrainerLeft(CHILD))
+    assert [e["pid"] for e in logs(d.actions, "trainer_left")] == [CHILD]
+    d.feed(core.SignalReceived("SIGUSR1"))
+    assert logs(d.actions, "no_trainer_attached")[-1]["action"] == "ignored"
+    d.deadline(30.0)
+    d.advance(28.0)
+    assert [e["pids"] for e in logs(d.actions, "save_requested")] == [[]]
+    assert signals(d.actions) == []
+
+
+def test_a_hello_after_the_bye_of_the_same_process_does_not_attach_it_again() -> None:
+    """A hello that reaches esiwrap after the same process's bye was sent before it (another
+    client of the process, kept while esiwrap's queue was full): the process is ending, it is not
+    signalled. Once the process has exited, its pid may be a new process's, which attaches."""
+    d = Driver()
+    d.hello(pid=5001)
+    d.feed(core.TrainerLeft(5001))
+    d.hello(pid=5001)
+    (rejected,) = logs(d.actions, "trainer_rejected")
+    assert rejected["pid"] == 5001 and "said bye" in rejected["reason"]
+    d.feed(core.SignalReceived("SIGUSR1"))
+    assert signals(d.actions) == []
+    d.feed(core.TrainerGone(5001))  # the process exited
+    d.hello(pid=5001)  # a new process with the same pid
+    d.feed(core.SignalReceived("SIGUSR1"))
+    assert [s.pids for s in signals(d.actions)] == [(5001,)]
+
+
+def test_signal_child_sends_nothing_to_a_child_that_said_bye() -> None:
+    """--signal-child signals the direct child without a hello; not once it said bye."""
+    d = Driver(ControllerConfig(signal_child=True))
+    d.hello()
+    d.feed(core.TrainerLeft(CHILD))
+    d.feed(core.SignalReceived("SIGUSR1"))
+    assert signals(d.actions) == []
+
+
+def test_a_bye_from_a_process_that_never_said_hello_changes_nothing() -> None:
+    """Only an attached trainer leaves: a stray bye is not logged, and a later hello attaches."""
+    d = Driver()
+    d.feed(core.TrainerLeft(5001))
+    d.hello(pid=5001)
+    assert logs(d.actions, "trainer_left") == [] and logs(d.actions, "trainer_rejected") == []
+    assert 5001 in d.controller.trainers
+
+
+def test_a_child_killed_by_the_save_signal_esiwrap_sent_it_says_so() -> None:
+    """The child dies of the save signal esiwrap sent it 28 ms earlier (it had no handler: it
+    never called install(), uninstalled it, or was shutting down): the exit code stays 128+10,
+    the reason and the log's hint say what happened."""
+    d = Driver()
+    d.hello()
+    d.feed(core.SignalReceived("SIGUSR1"))
+    d.mono += 0.028
+    d.feed(core.ChildExited(CHILD, None, "SIGUSR1", 10))
+    d.feed(core.TreeChecked(0))
+    (exit_,) = exits(d.actions)
+    expected = ("killed by SIGUSR1, the save signal esiwrap sent it 28 ms earlier: it had no handler for "
+                "it (a trainer that never called install(), or one that had called uninstall() or was "
+                "shutting down)")
+    assert (exit_.code, exit_.reason) == (128 + 10, f"child exited: {expected}")
+    assert logs(d.actions, "child_exited")[0]["hint"] == expected
+
+
+@pytest.mark.parametrize("signalled", [False, True])
+def test_a_death_by_a_signal_esiwrap_did_not_send_is_a_plain_child_exit(signalled: bool) -> None:
+    """SIGUSR1 that esiwrap never sent (a `kill -USR1` by hand), or sent for a save the trainer
+    already acknowledged: "child exited", nothing more."""
+    d = Driver()
+    d.hello()
+    if signalled:
+        d.steps(1, 2, 1.0)
+        d.feed(core.SignalReceived("SIGUSR1"))
+        d.save(2, 0.5)
+    d.feed(core.ChildExited(CHILD, None, "SIGUSR1", 10))
+    d.feed(core.TreeChecked(0))
+    (exit_,) = exits(d.actions)
+    assert (exit_.code, exit_.reason) == (128 + 10, "child exited")
+    assert "hint" not in logs(d.actions, "child_exited")[0]
+
+
 # ------------------------------------------------------------------------ exit 76 says why (issue 24)
 def missed(d: Driver) -> dict:
     (event,) = [e for e in logs(d.actions, "save_missed") if "never_came" in e]

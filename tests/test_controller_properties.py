@@ -50,6 +50,8 @@ class ControllerMachine(RuleBasedStateMachine):
         )
         self.d = Driver(self.config)
         self.signallable: set[int] = set()  # said hello from inside the tree, asking to be signalled
+        self.attached: set[int] = set()  # said a hello the controller took
+        self.said_bye: set[int] = set()  # attached (or the child, with --signal-child), then said bye
         self.child_gone = False
         self.exits: list[core.Exit] = []
         self.acknowledged = 0
@@ -66,7 +68,10 @@ class ControllerMachine(RuleBasedStateMachine):
     def hello(self, pid: int, descendant: bool, wants_signal: bool, saves: bool) -> None:
         if pid == CHILD and self.child_gone:
             return
-        if descendant and wants_signal:
+        taken = (descendant or not wants_signal) and pid not in self.said_bye
+        if taken:
+            self.attached.add(pid)
+        if taken and wants_signal:
             self.signallable.add(pid)
         self._feed(core.Hello(pid, saves=saves, wants_signal=wants_signal, descendant=descendant))
 
@@ -74,7 +79,18 @@ class ControllerMachine(RuleBasedStateMachine):
     @rule(pid=PIDS)
     def trainer_gone(self, pid: int) -> None:
         self.signallable.discard(pid)
+        self.attached.discard(pid)
+        self.said_bye.discard(pid)  # its process exited: the pid may be another process's
         self._feed(core.TrainerGone(pid))
+
+    @precondition(lambda self: not self.exits)
+    @rule(pid=PIDS)
+    def trainer_says_bye(self, pid: int) -> None:
+        if pid in self.attached or (self.config.signal_child and pid == CHILD and not self.child_gone):
+            self.said_bye.add(pid)
+        self.signallable.discard(pid)
+        self.attached.discard(pid)
+        self._feed(core.TrainerLeft(pid))
 
     @precondition(lambda self: not self.exits)
     @rule(pid=PIDS, step=st.integers(0, 50), duration=SECONDS)
@@ -114,6 +130,8 @@ class ControllerMachine(RuleBasedStateMachine):
     def child_exits(self, code: int | None) -> None:
         self.child_gone = True
         self.signallable.discard(CHILD)
+        self.attached.discard(CHILD)
+        self.said_bye.discard(CHILD)
         self._feed(core.ChildExited(CHILD, code, None if code is not None else "SIGKILL", 9))
 
     @precondition(lambda self: not self.exits and self.d.controller.mode in (Mode.STOPPING, Mode.KILLING))
@@ -124,7 +142,8 @@ class ControllerMachine(RuleBasedStateMachine):
     # ------------------------------------------------------------------ invariants
     def _check(self, actions: list[core.Action]) -> None:
         save_signal = self.config.save_signal
-        allowed = {CHILD} if self.config.signal_child else self.signallable
+        # never a process that said bye: it is ending, and ignores the save signal until it is gone
+        allowed = ({CHILD} if self.config.signal_child else self.signallable) - self.said_bye
         for action in actions:
             assert not self.exits, f"an action after exit: {action}"
             if isinstance(action, core.SendSignal):

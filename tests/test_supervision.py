@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import select
 import signal
 import stat
 import subprocess
@@ -14,7 +15,16 @@ from pathlib import Path
 
 import psutil
 import pytest
-from esiwrap_harness import PYTHON, SIGNAL_ECHO, processes_with_marker, wait_until
+from esiwrap_harness import (
+    FINISHING_TRAINER,
+    PYTHON,
+    SIGNAL_ECHO,
+    EsiwrapRun,
+    processes_with_marker,
+    release,
+    send_until_gone,
+    wait_until,
+)
 
 from esiwrap.errors import EXIT_NOT_EXECUTABLE, EXIT_NOT_FOUND, EXIT_SAVE_MISSED, EXIT_USAGE
 from esiwrap.times import iso_epoch
@@ -223,6 +233,81 @@ def test_signal_child_sends_the_save_signal_to_the_direct_child(esiwrap) -> None
     assert requested["pids"] == [child]
     run.wait_stdout("got SIGUSR1")
     assert run.finish(30) == EXIT_SAVE_MISSED  # nothing acknowledged over the channel
+
+
+# ------------------------------------------------------------------------ a trainer that finishes
+def finish_under_esiwrap(run: EsiwrapRun, fifo: Path, then: str) -> int:
+    """The finishing trainer under esiwrap, held in its interpreter's shutdown (its handlers given
+    back already): once esiwrap logged its bye, `then` happens (`manual`: esiwrap is asked for a
+    save by hand; `deadline`: the save falls due), 200 SIGUSR1 reach the trainer as if esiwrap had
+    sent them just before it read the bye; the trainer goes on, under SIGUSR1 in a tight loop until
+    esiwrap reaped it. esiwrap's exit code."""
+    child = run.child_pid()
+    pidfd = os.pidfd_open(child)
+    try:
+        def alive() -> bool:
+            return not select.select([pidfd], [], [], 0)[0]  # readable once it exited
+
+        run.wait_stdout("teardown")
+        run.wait_event("trainer_left", 30, pid=child)
+        if then == "manual":
+            run.signal(signal.SIGUSR1)
+            assert run.wait_event("no_trainer_attached", 30)["action"] == "ignored"
+        else:
+            assert run.wait_event("save_requested", 60)["pids"] == []
+        send_until_gone(pidfd, signal.SIGUSR1, alive, at_most=200)
+        assert release(fifo, alive), "the trainer died in its shutdown"
+        send_until_gone(pidfd, signal.SIGUSR1)  # until esiwrap reaped it: the pidfd reaches no other
+        return run.finish(30)
+    finally:
+        os.close(pidfd)
+
+
+@pytest.mark.parametrize(("end", "code", "runs"), [("return", 0, 8), ("exit", 3, 1), ("raise", 1, 1)])
+def test_a_trainer_that_finished_exits_with_its_own_code_not_the_save_signals(
+        esiwrap, tmp_path: Path, end: str, code: int, runs: int) -> None:
+    """A trainer finishes (the script's end, sys.exit(3), an uncaught exception) while save
+    signals are on their way: it said bye as it ended, so esiwrap sends it none (a save asked for
+    by hand finds nobody), and the ones already on their way find the signal ignored, also once
+    its interpreter gave its handlers back. esiwrap exits with the trainer's own code, every run."""
+    for run_number in range(runs):
+        fifo = tmp_path / f"hold-{run_number}"
+        os.mkfifo(fifo)
+        run = esiwrap("--", PYTHON, str(FINISHING_TRAINER), "--hold", str(fifo), "--end", end)
+        assert finish_under_esiwrap(run, fifo, "manual") == code, run.story()
+        exited = run.first("child_exited")
+        assert (exited["code"], exited["signal"]) == (code, None)
+        assert run.first("supervisor_exit")["reason"] == "child exited"
+        assert "save_requested" not in run.names()
+
+
+def test_a_save_that_falls_due_after_the_bye_goes_to_nobody(esiwrap, tmp_path: Path) -> None:
+    """The issue's run: the deadline's save falls due once the trainer has finished and said bye
+    (it holds in its shutdown until then): the request names no pid, nothing is signalled, and
+    esiwrap exits with the trainer's 0, not 76 and not 138."""
+    fifo = tmp_path / "hold"
+    os.mkfifo(fifo)
+    run = esiwrap("--deadline", "+12s", "--redundant-time", "1", "--save-duration", "1", "--stop-grace", "2",
+                  "--", PYTHON, str(FINISHING_TRAINER), "--hold", str(fifo))
+    assert finish_under_esiwrap(run, fifo, "deadline") == 0, run.story()
+    names = run.names()
+    assert names.index("trainer_left") < names.index("save_requested")
+    assert run.first("supervisor_exit")["reason"] == "child exited"
+
+
+def test_a_child_killed_by_the_save_signal_it_had_no_handler_for_is_told_apart(esiwrap) -> None:
+    """--signal-child, and the child never installed a handler: the save signal kills it. The exit
+    code stays the child's 128+10; the reason says it was the save signal esiwrap sent, how long
+    before, and what that means."""
+    run = esiwrap("--signal-child", "--", *echo_child())
+    run.wait_stdout("ready")
+    run.signal(signal.SIGUSR1)  # a save asked for by hand: the child gets the save signal
+    assert run.finish(30) == 128 + signal.SIGUSR1
+    reason = run.first("supervisor_exit")["reason"]
+    assert reason.startswith("child exited: killed by SIGUSR1, the save signal esiwrap sent it "), reason
+    assert reason.endswith(" ms earlier: it had no handler for it (a trainer that never called install(), "
+                           "or one that had called uninstall() or was shutting down)"), reason
+    assert run.first("child_exited")["hint"] == reason.removeprefix("child exited: ")
 
 
 def test_version_from_both_entry_points() -> None:

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
+from esiwrap_harness import FINISHING_TRAINER, release, send_until_gone, wait_until
 
 import esiwrap.trainer as esi
 from esiwrap.trainer.channel import SIGNAL_ENV, SOCKET_ENV, ChannelClient, ChannelServer, Message, decode
@@ -220,3 +226,142 @@ def test_ranks_agree_on_a_saves_end_and_mark_a_peer_nodes_request(server: Channe
     assert begins[0].get("peer") is True and "peer" not in begins[1]
     assert ends[0]["ok"] is False and ends[0]["error"].startswith("OSError('disk full')")
     assert ends[1]["ok"] is False and ends[1]["error"] == "the save failed on another rank"
+
+
+# ------------------------------------------------------------------------ the end of the process
+def test_at_exit_the_save_signal_is_ignored_before_the_bye_goes(server: ChannelServer,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """The hook `install()` registers with atexit (called here by hand): from then on the save
+    signal is ignored, already when the bye is sent (a signal esiwrap sent before it read the bye
+    finds it ignored), a later `uninstall()` does not give it back, and the bye goes once."""
+    esi.install()
+    at_send: list[tuple[str, Any]] = []
+    send = ChannelClient.send
+
+    def recording_send(client: ChannelClient, message_type: str, **fields: Any) -> bool:
+        at_send.append((message_type, signal.getsignal(signal.SIGUSR1)))
+        return send(client, message_type, **fields)
+
+    monkeypatch.setattr(ChannelClient, "send", recording_send)
+    try:
+        esi._say_bye()
+        os.kill(os.getpid(), signal.SIGUSR1)  # ignored: no flag (and no death)
+        assert not esi.save_requested()
+        esi.uninstall()
+        assert signal.getsignal(signal.SIGUSR1) is signal.SIG_IGN
+        assert at_send == [("bye", signal.SIG_IGN)]
+        assert [(m.type, m.pid) for m in messages(server)] == [("hello", os.getpid()), ("bye", os.getpid())]
+        esi._say_bye()
+        assert messages(server) == []
+    finally:
+        signal.signal(signal.SIGUSR1, signal.SIG_DFL)
+
+
+class Finishing:
+    """`children/finishing_trainer.py` started without esiwrap, read line by line with bounded waits."""
+
+    def __init__(self, tmp_path: Path, run: int, *args: str) -> None:
+        self.fifo = tmp_path / f"hold-{run}"
+        os.mkfifo(self.fifo)
+        argv = [sys.executable, str(FINISHING_TRAINER), "--hold", str(self.fifo), *args]
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                     start_new_session=True)
+        self.pidfd = os.pidfd_open(self.proc.pid)
+        assert self.proc.stdout is not None
+        os.set_blocking(self.proc.stdout.fileno(), False)
+        self.out = b""
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def wait_line(self, line: str, timeout: float = 30.0) -> None:
+        def read() -> bool:
+            assert self.proc.stdout is not None
+            with contextlib.suppress(BlockingIOError):
+                self.out += os.read(self.proc.stdout.fileno(), 4096)
+            return f"{line}\n".encode() in self.out or not self.alive()
+
+        assert wait_until(read, timeout, interval=0.005), f"no {line!r} within {timeout}s: {self.out!r}"
+        assert f"{line}\n".encode() in self.out, f"ended before {line!r}: {self.out!r}"
+
+    def end(self) -> int:
+        """Its exit status once gone (-N: killed by signal N)."""
+        code = self.proc.wait(timeout=30)
+        os.close(self.pidfd)
+        return code
+
+    def kill(self) -> None:
+        if self.alive():
+            self.proc.kill()
+            self.proc.wait()
+
+
+def finish_under_fire(tmp_path: Path, run: int, *args: str, holds_at: str = "teardown") -> tuple[int, bytes]:
+    """Start the finishing trainer; where it holds on its way out (by default once the interpreter
+    has given the signal handlers back), send it SIGUSR1 200 times, let it go on and keep sending
+    it SIGUSR1 in a tight loop until it is gone. Its exit status, and what it wrote."""
+    child = Finishing(tmp_path, run, *args)
+    try:
+        child.wait_line(holds_at)
+        send_until_gone(child.pidfd, signal.SIGUSR1, child.alive, at_most=200)
+        release(child.fifo, child.alive)
+        send_until_gone(child.pidfd, signal.SIGUSR1, child.alive)
+        return child.end(), child.out
+    finally:
+        child.kill()
+
+
+@pytest.mark.system
+@pytest.mark.parametrize(("end", "code", "holds_at", "runs"), [
+    ("return", 0, "teardown", 20), ("exit", 3, "teardown", 5), ("raise", 1, "teardown", 5),
+    ("os_exit", 4, "os._exit", 5),
+])
+def test_a_finished_trainer_ends_with_its_own_code_while_save_signals_rain_on_it(
+        server: ChannelServer, tmp_path: Path, end: str, code: int, holds_at: str, runs: int) -> None:
+    """A trainer that ends (the script's end, sys.exit, an uncaught exception, os._exit) while
+    save signals keep coming exits with its own code every time, never 128+SIGUSR1: from the
+    library's atexit hook on the signal is ignored, also after the interpreter gave its Python
+    handlers back to the default action (where it holds here while 200 signals come). It said
+    bye before that; with os._exit there is no atexit hook and no bye, and the handler it had
+    stays until the process is gone."""
+    for run in range(runs):
+        status, out = finish_under_fire(tmp_path, run, "--end", end, holds_at=holds_at)
+        assert status == code, f"run {run}: exit status {status}; {out!r}"
+        said = [m.type for m in messages(server) if m.type in ("hello", "bye")]  # (this run's)
+        if end == "os_exit":
+            assert said == ["hello"], said
+        else:
+            assert b"atexit: SIG_IGN\n" in out and said == ["hello", "bye"], (out, said)
+
+
+@pytest.mark.system
+def test_without_the_librarys_hook_a_signal_in_the_shutdown_kills(tmp_path: Path) -> None:
+    """The control of the test above: a trainer with a Python handler of its own (what install()
+    set, without its exit hook) dies of the save signal that reaches it while it holds in the
+    interpreter's shutdown: the holds land where a handler no longer protects the process."""
+    for run in range(3):
+        status, out = finish_under_fire(tmp_path, run, "--own-handler")
+        assert b"atexit: a handler\n" in out, out
+        assert status == -signal.SIGUSR1, f"run {run}: exit status {status}"
+
+
+FORKS = """
+import os, sys
+import esiwrap.trainer as esi
+esi.install()
+child = os.fork()
+if child == 0:
+    sys.exit(0)  # the child runs the atexit hooks it inherited: it never said hello, it says no bye
+_, status = os.waitpid(child, 0)
+print("child", os.waitstatus_to_exitcode(status), flush=True)
+"""
+
+
+@pytest.mark.system
+def test_only_the_process_that_said_hello_says_bye(server: ChannelServer) -> None:
+    """A forked child inherits the atexit hook, not the hello: it ends without a bye, and only the
+    process that installed says one."""
+    done = subprocess.run([sys.executable, "-c", FORKS], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout == "child 0\n", done.stderr
+    got = [(m.type, m.pid) for m in messages(server) if m.type in ("hello", "bye")]
+    assert [kind for kind, _ in got] == ["hello", "bye"] and got[0][1] == got[1][1]

@@ -449,9 +449,8 @@ class Supervisor(Effects):
         delay = _report_delay(message, received_mono)
         if message.type == messages.HELLO:
             return self._hello(message)
-        if message.type == messages.BYE:
-            self._forget_trainer(message.pid)
-            return core.TrainerGone(message.pid)
+        if message.type == messages.BYE:  # its pidfd stays watched: its exit frees the pid
+            return core.TrainerLeft(message.pid)
         if message.type == messages.STEP:
             return core.Step(message.pid, step, _finite(message.get_float("duration_s")), delay)
         if message.type == messages.CHECKPOINT:

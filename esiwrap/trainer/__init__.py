@@ -12,10 +12,16 @@
 The signal handler only sets a flag. Everything that talks to the supervisor happens in the
 caller's thread, never blocks and never raises. Without esiwrap (no `ESIWRAP_SOCKET`), `install()`
 still works, so `kill -USR1 <pid>` asks for a save by hand.
+
+When the process ends (`atexit`), the library ignores the save signal from then on and says `bye`:
+the interpreter's shutdown would otherwise hand the signal back to its default action, which
+kills, and a save signal already on its way would end a finished run with 128+N.
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import os
 import signal
 import threading
@@ -64,6 +70,11 @@ class _State:
         self.client = ChannelClient(None)
         self.last_boundary = time.monotonic()
         self.save_started_at: float | None = None
+        # The process that said hello, and the save signal it named: at its end it says bye and
+        # ignores that signal (a forked child inherits this state, not the hello: it says nothing).
+        self.hello_pid: int | None = None
+        self.bye_signum: int | None = None
+        self.bye_registered = False
 
 
 _state = _State()
@@ -140,6 +151,33 @@ def install(
     if nodes > 1:
         fields["nodes"] = nodes
     _state.client.send(messages.HELLO, **fields)
+    _state.hello_pid, _state.bye_signum = os.getpid(), chosen
+    if not _state.bye_registered:
+        atexit.register(_say_bye)
+        _state.bye_registered = True
+
+
+def _say_bye() -> None:
+    """The process ends (atexit, from `sys.exit`, the end of the script or an uncaught exception):
+    ignore the save signal from now on, then tell esiwrap `bye`, so that it sends no more.
+
+    The order matters. CPython's shutdown runs the atexit hooks, then puts every signal that has
+    a Python handler back to its default action (`_PySignal_Fini`), which for SIGUSR1 terminates:
+    a save signal that arrives after that, while modules are torn down, kills a run that finished,
+    with 128+N. A signal set to SIG_IGN is left as it is, until the process is gone; and a save
+    signal esiwrap sent before the bye reached it then finds it ignored. Never blocks or raises.
+    `os._exit` runs no atexit hook and no shutdown: the handler stays until the process is gone,
+    and esiwrap learns of its end from the exit itself."""
+    if _state.hello_pid != os.getpid():
+        return  # never said hello here (a forked child), or said bye already
+    signum, _state.hello_pid = _state.bye_signum, None
+    if signum is not None:
+        with contextlib.suppress(Exception):  # (ValueError off the main thread: the bye still goes)
+            signal.signal(signum, signal.SIG_IGN)
+        if _state.signum == signum:  # a later uninstall() must not give the signal back
+            _state.signum, _state.previous = None, None
+    with contextlib.suppress(Exception):  # send() never raises; a resend thread may not start now
+        _state.client.send(messages.BYE)
 
 
 def _sigterm_saves() -> str | None:

@@ -54,6 +54,7 @@ from esiwrap.core.controller.protocol import (
     StopChild,
     StorageProbed,
     TrainerGone,
+    TrainerLeft,
     TrainingStart,
     TreeChecked,
     UploadExited,
@@ -106,7 +107,7 @@ class Controller:
         self._routes: Mapping[type, Callable[[Any, Now], None]] = {
             Launch: self._on_launch, ChildStarted: self._on_child_started, Hello: self._on_hello,
             CheckpointSize: self._on_checkpoint_size, StorageProbed: self._on_storage_probed,
-            TrainerGone: self._on_trainer_gone, Step: self._on_step,
+            TrainerGone: self._on_trainer_gone, TrainerLeft: self._on_trainer_left, Step: self._on_step,
             SaveBegin: self._on_save_begin, SaveSnapshot: self._on_save_snapshot, SaveEnd: self._on_save_end,
             DeadlineAnswers: self._on_deadline_answers, SignalReceived: self._on_signal_received,
             ChildExited: self._on_child_exited, TreeChecked: self._on_tree_checked,
@@ -286,6 +287,11 @@ class Controller:
             # we only ever signal our own tree; relayed processes say signal=false
             self._log("warning", ev.TRAINER_REJECTED, pid=hello.pid, reason="not a descendant of esiwrap")
             return
+        if self.roster.has_left(hello.pid):
+            # sent before its bye and come late (another client of the same process, kept while
+            # esiwrap's queue was full): the process is ending and ignores the save signal
+            self._log("info", ev.TRAINER_REJECTED, pid=hello.pid, reason="it said bye: its process is ending")
+            return
         more_nodes = self.roster.attach(hello, now.wall)
         self._log("info", ev.TRAINER_ATTACHED, pid=hello.pid, **hello.fields)
         self.obs.trainer_started(now.wall)
@@ -297,7 +303,7 @@ class Controller:
         request = self.saves.request
         if request is not None and not self.config.signal_child and hello.wants_signal \
                 and hello.pid not in request.signalled:
-            self._signal([hello.pid])  # a save is due: this trainer joins it at once
+            self._signal([hello.pid], now)  # a save is due: this trainer joins it at once
         self._replan(now)
 
     def _on_checkpoint_size(self, size: CheckpointSize, now: Now) -> None:
@@ -321,15 +327,38 @@ class Controller:
         if self.roster.gone(gone.pid) and self.saves.request is not None:
             self._check_acknowledged(now)  # it may have been the last one to wait for
 
+    def _on_trainer_left(self, left: TrainerLeft, now: Now) -> None:
+        if not self.roster.leave(left.pid):
+            return
+        self._log("info", ev.TRAINER_LEFT, pid=left.pid)
+        if self.saves.request is not None:
+            self._check_acknowledged(now)  # it may have been the last one to wait for
+
     def _on_child_exited(self, exited: ChildExited, now: Now) -> None:
         stopping = self.stopping.stop is not None
         fields: dict[str, Any] = {"pid": exited.pid, "code": exited.code, "signal": exited.signal}
+        no_handler = self._killed_by_the_save_signal(exited, now)
         if exited.signal == "SIGKILL" and not stopping:
             fields["hint"] = "killed by SIGKILL: out of memory?"
+        elif no_handler is not None:
+            fields["hint"] = no_handler
         self._log("info", ev.CHILD_EXITED, **fields)
         self.roster.child_exited(exited)
         if not stopping:
-            self._begin_stop("child exited", None, "child", now)
+            self._begin_stop("child exited" if no_handler is None else f"child exited: {no_handler}", None,
+                             "child", now)
+
+    def _killed_by_the_save_signal(self, exited: ChildExited, now: Now) -> str | None:
+        """The child died of the save signal esiwrap sent it for the save still outstanding: it had
+        no handler for it. What to say, or None (another end, or a signal esiwrap did not send)."""
+        request, sent_mono = self.saves.request, self.roster.save_signalled_mono.get(exited.pid)
+        if exited.signal != self.config.save_signal or sent_mono is None or request is None \
+                or exited.pid not in request.signalled:
+            return None
+        earlier_ms = max(0, round((now.mono - sent_mono) * 1000))
+        return (f"killed by {exited.signal}, the save signal esiwrap sent it {earlier_ms} ms earlier: it had "
+                "no handler for it (a trainer that never called install(), or one that had called "
+                "uninstall() or was shutting down)")
 
     def _on_tree_checked(self, checked: TreeChecked, now: Now) -> None:
         stop = self.stopping.stop
@@ -631,10 +660,11 @@ class Controller:
         unattached = self.saves.unattached_stop_at(self.mode, self.book.deadline, self.config.stop_grace_s)
         self.saves.announce(request, now, targets, self.config.save_signal, self._remaining(now), unattached)
         if targets:
-            self._signal(targets)
+            self._signal(targets, now)
 
-    def _signal(self, pids: list[int]) -> None:
+    def _signal(self, pids: list[int], now: Now) -> None:
         self.saves.signalled(pids)
+        self.roster.save_signal_sent(pids, now.mono)
         self.out.act(SendSignal(tuple(pids), self.config.save_signal))
 
     def _progress_is_saved(self) -> bool:

@@ -110,7 +110,16 @@ class StorageProbed(NamedTuple):
 
 
 class TrainerGone(NamedTuple):
-    """A trainer said bye, or its process exited."""
+    """A trainer's process exited."""
+
+    pid: int
+
+
+class TrainerLeft(NamedTuple):
+    """A trainer said bye: its process is ending and ignores the save signal from now on (it may
+    live on a while, tearing down). It is signalled no more, and a later hello of the same
+    process (one sent before the bye, come late) does not attach it again; once the process has
+    exited (`TrainerGone`), its pid may be another process's."""
 
     pid: int
 
@@ -208,9 +217,9 @@ class TreeChecked(NamedTuple):
 
 
 Input = (
-    Launch | ChildStarted | Hello | CheckpointSize | StorageProbed | TrainerGone | Step | SaveBegin
-    | SaveSnapshot | SaveEnd | DeadlineAnswers | SignalReceived | ChildExited | TreeChecked | TrainingStart
-    | UploadStarted | UploadExited | FilesystemChecked
+    Launch | ChildStarted | Hello | CheckpointSize | StorageProbed | TrainerGone | TrainerLeft | Step
+    | SaveBegin | SaveSnapshot | SaveEnd | DeadlineAnswers | SignalReceived | ChildExited | TreeChecked
+    | TrainingStart | UploadStarted | UploadExited | FilesystemChecked
 )
 
 

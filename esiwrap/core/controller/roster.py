@@ -23,7 +23,8 @@ class Trainer:
 
 
 class Roster:
-    """Who is there: the child (until it exits) and the attached trainers."""
+    """Who is there: the child (until it exits) and the attached trainers; who said bye; when each
+    process last got the save signal."""
 
     def __init__(self, signal_child: bool) -> None:
         self.signal_child = signal_child  # --signal-child: the save signal goes to the child itself
@@ -33,6 +34,8 @@ class Roster:
         self.attached_once = False  # a trainer said hello at some point (a miss says if none did)
         self.nodes = 1  # the most nodes a trainer's hello said its job spans
         self.checkpoint_dir: str | None = None  # the first directory a trainer named
+        self.left: set[int] = set()  # said bye: never signalled again, until the process exits
+        self.save_signalled_mono: dict[int, float] = {}  # pid -> when it last got the save signal
 
     def view(self) -> dict[str, Any]:
         return {"child_pid": self.child_pid, "trainers": len(self.trainers)}
@@ -43,6 +46,7 @@ class Roster:
     def child_exited(self, exited: ChildExited) -> None:
         self.child_status = exited.code if exited.code is not None else 128 + exited.signum
         self.trainers.pop(exited.pid, None)
+        self.left.discard(exited.pid)
 
     def attach(self, hello: Hello, now_wall: float) -> bool:
         """A trainer said hello (again); True when it says the job spans more nodes than known."""
@@ -56,8 +60,26 @@ class Roster:
         return False
 
     def gone(self, pid: int) -> bool:
-        """A trainer said bye or exited; True when it was attached."""
+        """A trainer's process exited (its pid may be another process's later); True when it was
+        attached."""
+        self.left.discard(pid)
         return self.trainers.pop(pid, None) is not None
+
+    def leave(self, pid: int) -> bool:
+        """A trainer said bye: its process is ending and ignores the save signal. True when it was
+        attached, or is the direct child that --signal-child signals: it is signalled no more."""
+        attached = self.trainers.pop(pid, None) is not None or (self.signal_child and pid == self.child_pid)
+        if attached:
+            self.left.add(pid)
+        return attached
+
+    def has_left(self, pid: int) -> bool:
+        """Said bye, and its process has not been seen to exit: a hello of it is one sent before."""
+        return pid in self.left
+
+    def save_signal_sent(self, pids: list[int], now_mono: float) -> None:
+        for pid in pids:
+            self.save_signalled_mono[pid] = now_mono
 
     def attached(self, pid: int) -> bool:
         """Said hello; with --signal-child the direct child needs not (it handles the signal itself)."""
@@ -77,7 +99,10 @@ class Roster:
 
     def signal_targets(self) -> list[int]:
         if self.signal_child:
-            return [self.child_pid] if self.child_pid is not None and self.child_status is None else []
+            child = self.child_pid
+            if child is None or self.child_status is not None or child in self.left:
+                return []  # not started, exited, or said bye
+            return [child]
         return [t.pid for t in self.trainers.values() if t.signal]
 
     def savers(self) -> set[int]:
