@@ -44,7 +44,8 @@ What is checked, and how deep:
                  dist_ckpt/ as dcp); data.pt (written before the tracker); then as directory
     hf-trainer   trainer_state.json parses and its global_step is N (= `step`); model weights are
                  there (model.safetensors, pytorch_model.bin, an index, adapter_model.*,
-                 pytorch_model_fsdp*); shards have their index; then as directory
+                 pytorch_model_fsdp*, DeepSpeed's global_stepN/); shards have their index; then as
+                 directory
     directory    every file below by its kind: *.pt, *.pth, *.bin, *.ckpt as torch, *.safetensors,
                  *.index.json (each weight_map file exists and holds its tensors), any other
                  *.json parses (up to 16 MiB), a directory with DCP metadata as dcp; other files
@@ -94,7 +95,7 @@ MEGATRON_PARTS = ("model", "optimizer", "extra")
 DCP_METADATA = ".metadata"
 DCP_RANK_METADATA = re.compile(r"__\d+\.metadata")
 HF_WEIGHTS = re.compile(r"(model|pytorch_model|adapter_model)(-\d+-of-\d+)?\.(safetensors|bin)"
-                        r"(\.index\.json)?|pytorch_model_fsdp(_\d+)?(\.bin)?")
+                        r"(\.index\.json)?|pytorch_model_fsdp(_\d+)?(\.bin)?|global_step\d+")  # DeepSpeed's
 HF_SHARD = re.compile(r"(model|pytorch_model)-\d+-of-\d+\.(safetensors|bin)")
 LIGHTNING_KEYS = ("state_dict", "epoch", "global_step")
 TORCH_SUFFIXES = (".pt", ".pth", ".bin")
@@ -411,7 +412,8 @@ def _check_hf_trainer(check: _Check) -> str:
     weights = [name for name in names if HF_WEIGHTS.fullmatch(name)]
     if not weights:
         raise Invalid(f"{label}: no model weights (model.safetensors, pytorch_model.bin, their .index.json, "
-                      "adapter_model.*, pytorch_model_fsdp*): the Trainer writes them first", FIX_CUT)
+                      "adapter_model.*, pytorch_model_fsdp*, DeepSpeed's global_stepN/): the Trainer writes "
+                      "them first", FIX_CUT)
     for shard in (name for name in weights if HF_SHARD.fullmatch(name)):
         index = re.sub(r"-\d+-of-\d+", "", shard) + ".index.json"
         if index not in names:
@@ -428,13 +430,15 @@ def _check_verl(check: _Check) -> str:
     tracked = _read_tracker(check, root)
     if named:
         step = int(named.group(1))
-    elif tracked is None:
+    elif check.step is not None:
+        step = check.step
+    elif tracked is not None:
+        step = tracked
+    else:
         steps = sorted(int(m.group(1)) for n in os.listdir(root) if (m := VERL_STEP.fullmatch(n)))
         newest = os.path.join(root, f"global_step_{steps[-1]}") if steps else root
         raise Invalid(f"{check.label(root)}/{TRACKER} is missing (newest: {os.path.basename(newest)})",
                       _tracker_fix(newest))
-    else:
-        step = tracked if check.step is None else check.step
     step_dir = os.path.join(root, f"global_step_{step}")
     check.scope = step_dir
     label = check.label(step_dir)

@@ -637,10 +637,17 @@ def test_a_cut_file_inside_a_trainer_checkpoint_is_named(tmp_path: Path, hf_run:
 
 def test_a_trainer_checkpoint_without_weights_fails(tmp_path: Path, hf_run: Path) -> None:
     """model.safetensors gone (nothing else holds the weights): not ok, it says which names
-    were looked for."""
+    were looked for; DeepSpeed's global_stepN/ in their place (its model states a torch zip): ok."""
+    import torch
+
     path = copy(hf_run, tmp_path)
     (path / "model.safetensors").unlink()
     assert problem(path).startswith("checkpoint-2: no model weights (model.safetensors, pytorch_model.bin")
+    (path / "global_step2").mkdir()
+    torch.save({"module": small_state_dict()}, path / "global_step2" / "mp_rank_00_model_states.pt")
+    (path / "latest").write_text("global_step2")
+    verdict = verify(path, 2)
+    assert verdict.ok and "weights global_step2; " in verdict.checked, verdict
 
 
 def test_sharded_weights_must_match_their_index(tmp_path: Path, sharded_model: Path) -> None:
@@ -719,6 +726,8 @@ def test_a_verl_checkpoint_whose_tracker_is_missing_or_behind_did_not_finish(tmp
     tracker.unlink()
     assert problem(root / "global_step_2") == ("ckpt/latest_checkpointed_iteration.txt is missing: verl "
                                                "writes it last, after ckpt/global_step_2/")
+    assert problem(root, 2) == ("ckpt/latest_checkpointed_iteration.txt is missing: verl writes it last, "
+                                "after ckpt/global_step_2/")
     assert problem(root) == "ckpt/latest_checkpointed_iteration.txt is missing (newest: global_step_2)"
 
 
@@ -894,3 +903,19 @@ def test_verify_reads_every_format_without_importing_torch(torch_file: Path, saf
     done = subprocess.run([PYTHON, "-c", script], capture_output=True, text=True, timeout=60, cwd=ROOT,
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert done.stdout.strip() == "ok", done.stderr
+
+
+@pytest.mark.system
+def test_without_torch_an_unreadable_dcp_metadata_counts_by_presence(tmp_path: Path, dcp_dir: Path) -> None:
+    """In a process where torch cannot be imported, a DCP directory whose .metadata the
+    stand-ins cannot read as DCP metadata: ok on its presence and size, and it says so."""
+    import pickle
+
+    path = copy(dcp_dir, tmp_path)
+    (path / ".metadata").write_bytes(pickle.dumps({"version": "9.9"}))
+    script = ("import sys; sys.modules['torch'] = None; from esiwrap.verify import verify; "
+              f"v = verify({str(path)!r}); assert v.ok, v; print(v.checked)")
+    done = subprocess.run([PYTHON, "-c", script], capture_output=True, text=True, timeout=60, cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.stdout.strip().startswith("DCP: .metadata ("), done.stderr
+    assert "storage files not checked" in done.stdout
