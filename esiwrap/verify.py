@@ -4,8 +4,12 @@
 data: headers, indexes, zip central directories, file sizes. It never raises: a checkpoint that
 is partial or damaged is a `Verdict` whose `problem` says which file, which entry, which offset,
 and whose `fix` says what to do. The supervisor runs it on a helper thread, never on the
-trainer's step path (it stats and reads files, which can hang on a dead network mount). torch is
-not imported: the pickles involved are read with inert stand-ins (`esiwrap._verify_files`).
+trainer's step path (it stats and reads files, which can hang on a dead network mount). The
+pickles involved are read with inert stand-ins (`esiwrap._verify_files`): nothing in a checkpoint
+runs, and torch is imported only for a DCP metadata layout the stand-ins cannot read. The cost
+follows the number of tensors, not the bytes: a few KiB read and a few ms for a file of 16 tensors
+of any size; about one page read and 25 us per tensor (4096 tensors: 0.2 s warm, 1.2 s with the
+page cache dropped; benchmarks/verify.py).
 
 Detection, first match:
 
@@ -21,13 +25,14 @@ Detection, first match:
 
 What is checked, and how deep:
 
-    torch        the end-of-central-directory record is the file's last 22 bytes (zip64 locator
-                 and record before it when present); the central directory lies right before them
-                 and parses, entry count and size as recorded; every entry's local header is at
-                 its offset with its name, and its data (with a data descriptor) ends before the
-                 next entry or the directory; an <archive>/data.pkl entry unpickles (stand-ins,
-                 nothing runs) and every storage it names is an entry of the size it gives. A
-                 legacy pickle (torch < 1.6) is not checkable beyond existence and size: as unknown
+    torch        the end-of-central-directory record ends the file (its comment reaches the end;
+                 the zip64 locator and record before it when present); the central directory lies
+                 right before them and parses, entry count and size as recorded; every entry's
+                 local header is at its offset with its name, and its data (with a data
+                 descriptor) ends before the next entry or the directory; an <archive>/data.pkl
+                 entry (up to 64 MiB) unpickles (stand-ins) and every storage it names is an entry
+                 of the size it gives. A legacy pickle (torch < 1.6) is not checkable beyond
+                 existence and size: as unknown
     safetensors  the 8-byte little-endian header length fits the file; the header is JSON; each
                  tensor's bytes are dtype x shape; the data_offsets tile the data section from 0
                  to its end, no gap, no overlap, nothing after
@@ -175,7 +180,8 @@ def verify(path: str | os.PathLike[str], step: int | None = None, *, settle_s: f
         where = check.label(os.fsdecode(exc.filename)) if exc.filename else check.label(check.path)
         problem, fix = f"{where}: {exc.strerror or exc}", FIX_UNREADABLE
     except Exception as exc:  # a bug here must not stop the supervisor: it is the verdict
-        problem, fix = f"the check failed: {type(exc).__name__}: {exc}", FIX_BUG
+        problem = f"{check.label(check.path)}: the check failed: {type(exc).__name__}: {exc}"
+        fix = FIX_BUG
     size = _tally(check.scope)
     return Verdict(ok=not problem, format=check.format, checked=checked or check.summary(), problem=problem,
                    fix=fix, bytes=size.bytes, files=size.files, read_bytes=check.reader.read_bytes,
@@ -277,8 +283,11 @@ class _Check:
         directory, label = os.path.dirname(path), self.label(path)
         held: dict[str, frozenset[str] | None] = {}
         for tensor, name in weight_map.items():
+            if not isinstance(name, str):
+                raise Invalid(f"{label}: its weight_map gives {tensor!r} no file name ({name!r:.80})",
+                              FIX_CORRUPT)
             if name not in held:
-                shard = os.path.join(directory, str(name))
+                shard = os.path.join(directory, name)
                 if not os.path.isfile(shard):
                     raise Invalid(f"{label}: its weight_map names {name}, which is missing")
                 held[name] = self._tensors(shard)
