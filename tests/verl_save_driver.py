@@ -1,0 +1,82 @@
+"""Real verl checkpoints, on CPU, written by verl's own trainer-level `_save_checkpoint`.
+
+    python tests/verl_save_driver.py WORKDIR
+
+As tests/verl_checkpoint_driver.py: a tiny Llama from a config (no download), loaded in fp32,
+FSDP2 over a one-rank gloo group, one AdamW step, verl's `FSDPCheckpointManager` (model, optimizer
+and extra saved). Then `RayPPOTrainer._save_checkpoint` runs for steps 1 and 2 on a stand-in
+trainer (its config, step counter, the worker group's `save_checkpoint`, a `StatefulDataLoader`)
+with `trainer.max_actor_ckpt_to_keep=1`. WORKDIR/ckpt then holds what verl leaves: global_step_1
+rotated out (verl removed its actor/, data.pt stays), global_step_2 whole, and
+latest_checkpointed_iteration.txt naming 2. Prints one JSON line: every file and its size.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+from types import SimpleNamespace
+
+
+def main(workdir: str) -> int:
+    with socket.socket() as probe:  # a free port for the one-rank process group
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1",
+                      LOCAL_RANK="0")
+    import torch
+    import torch.distributed as dist
+    from omegaconf import OmegaConf
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torchdata.stateful_dataloader import StatefulDataLoader
+    from transformers import LlamaConfig, LlamaForCausalLM
+    from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+    from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
+
+    dist.init_process_group("gloo")
+    config = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config)
+    mesh = init_device_mesh("cpu", (1,))
+    for layer in model.model.layers:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    tokens = torch.randint(0, config.vocab_size, (2, 8))
+    model(tokens, labels=tokens).loss.backward()
+    optimizer.step()
+    saved = ["model", "optimizer", "extra"]
+    manager = FSDPCheckpointManager(model, optimizer, None, processing_class=None,
+                                    checkpoint_config=OmegaConf.create({"save_contents": saved,
+                                                                        "load_contents": saved}))
+    root = os.path.join(workdir, "ckpt")
+
+    def save_checkpoint(local_path: str, hdfs_path: str | None, global_step: int,
+                        max_ckpt_to_keep: int | None = None) -> None:  # the worker group's call
+        manager.save_checkpoint(local_path, hdfs_path, global_step, max_ckpt_to_keep=max_ckpt_to_keep)
+
+    trainer = SimpleNamespace(
+        config=OmegaConf.create({
+            "trainer": {"default_local_dir": root, "default_hdfs_dir": None, "max_actor_ckpt_to_keep": 1},
+            "actor_rollout_ref": {"actor": {"checkpoint": {"async_save": False}}},
+        }),
+        actor_rollout_wg=SimpleNamespace(save_checkpoint=save_checkpoint),
+        use_critic=False,
+        train_dataloader=StatefulDataLoader(list(range(16)), batch_size=4),
+    )
+    for step in (1, 2):
+        trainer.global_steps = step
+        RayPPOTrainer._save_checkpoint(trainer)
+    files = {os.path.relpath(os.path.join(r, f), root): os.path.getsize(os.path.join(r, f))
+             for r, _dirs, names in os.walk(root) for f in names}
+    print(json.dumps({"root": root, "files": files}))
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))
