@@ -30,6 +30,11 @@ command -v slurmctld >/dev/null || missing+=(slurmctld)
 command -v slurmd >/dev/null || missing+=(slurmd)
 { command -v sbatch && command -v squeue && command -v scontrol; } >/dev/null || missing+=(slurm-client)
 command -v munged >/dev/null || missing+=(munge)
+# tests/faketime.py steps the wall clock of real processes: Debian's libfaketime (its thread-safe
+# build), preloaded behind a small shim that it compiles at test time (gcc, libc6-dev's headers)
+compgen -G '/usr/lib/*/faketime/libfaketimeMT.so.1' >/dev/null || missing+=(libfaketime)
+command -v gcc >/dev/null || missing+=(gcc)
+[ -e /usr/include/dlfcn.h ] || missing+=(libc6-dev)
 if [ ${#missing[@]} -gt 0 ]; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
         "${missing[@]}" >/dev/null

@@ -52,6 +52,7 @@ for _signum in (signal.SIGQUIT, signal.SIGHUP):
 pytest_plugins = [
     "fakes.fixtures",  # fake_metadata, fake_api, cloud_env, ... (tests/fakes/)
     "lanes",  # the fast lane and the system lane (tests/lanes.py)
+    "faketime",  # wall_clock: steps the wall clock of real processes (tests/faketime.py)
 ]
 
 
