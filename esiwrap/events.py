@@ -196,6 +196,17 @@ STATE_IGNORED = _event(
 STATE_NOT_SAVED = _event(
     "state_not_saved", STATE, "the state file could not be written (once; training goes on)",
     "path, error")
+STATE_LOCK_TAKEN_OVER = _event(
+    "state_lock_taken_over", STATE,
+    "`--state-file`'s lock was left by a run that is gone: taken over (warning)",
+    "path, holder_pid, holder_host, holder_run_id, holder_started_at, holder_refreshed_at, why (its "
+    "process is gone; or its host has not refreshed the lock), recorded_as (how its open record ends in "
+    "the job's history: `killed` when its esiwrap died on this machine, which lived on; else "
+    "`interrupted`)")
+STATE_LOCK_FAILED = _event(
+    "state_lock_failed", STATE,
+    "`--state-file`'s lock file could not be made: the run goes on without (warning)",
+    "path, error, note")
 RESUMED = _event(
     "resumed", STATE, "the trainer started from the durable checkpoint the state file names",
     "checkpoint_step, start_step, steps_redone, path, checkpoint_at")

@@ -4,6 +4,7 @@ end is classified, the state file's records, and the plans that use them."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from freezegun import freeze_time
 from hypothesis import HealthCheck, given, settings
@@ -284,3 +285,26 @@ def test_the_report_names_the_rate_and_what_it_rests_on() -> None:
     assert run.interruption_rate.startswith("0.71 interruption(s) a day")
     assert "over 2 earlier run(s) (state file)" in run.interruption_rate
     assert "  rate      0.71 interruption(s) a day: spot capacity" in render_text([run], 0)
+
+
+def test_a_run_killed_on_a_machine_that_lived_on_is_not_an_interruption() -> None:
+    """The run the state file's lock names as killed ends `killed`; other open records on this
+    host still end `interrupted`; neither is `killed` when the lock says nothing."""
+    now = 1.8e9
+    runs = (RunRecord(now - 500, now - 10, "k", host="h"), RunRecord(now - 900, now - 600, "v", host="h"))
+    assert [r.ending for r in close_vanished(runs, now, "h", killed="k")] == ["killed", "interrupted"]
+    assert [r.ending for r in close_vanished(runs, now, "h")] == ["interrupted", "interrupted"]
+    assert evidence(close_vanished(runs, now, "h", killed="k"), None, now).interruptions < 1.0
+
+
+def test_a_write_keeps_every_other_runs_record_at_its_latest() -> None:
+    """This run's record is its own; another run's is the newer of the file's and this run's view
+    (seen later, or closed); a record only the file has is kept, in start order."""
+    now = 1.8e9
+    mine = RunRecord(now - 50, now, "me", host="a")
+    other_then = RunRecord(now - 300, now - 200, "other", host="b")
+    other_now = RunRecord(now - 300, now - 20, "other", host="b")
+    newcomer = RunRecord(now - 40, now - 5, "newcomer", host="c")
+    ours = state.JobState(updated_at=now, runs=(other_then, mine))
+    disk = state.JobState(updated_at=now - 1, runs=(other_now, newcomer, replace(mine, seen_at=now - 30)))
+    assert state.merged(disk, ours, "me").runs == (other_now, mine, newcomer)

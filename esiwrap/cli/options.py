@@ -165,7 +165,8 @@ RUN_OPTIONS = (
                "durable checkpoint in this small JSON file, next to the checkpoints on storage that "
                "outlives the instance. The next run plans with them from its first save and checks "
                "that the trainer resumed from that checkpoint (`resumed`, `resume_missed`). Its "
-               "directory must exist."),
+               "directory must exist. One live run per state file: a run holds `<file>.lock`; a second "
+               "run on it exits 2, naming the holder."),
     Option("--max-no-progress-runs", _runs, 3, "3", "stop a job whose runs make no progress",
            section="uploads", value_name="N",
            see="uploads-and-resumes.md#a-job-that-makes-no-progress-is-stopped",

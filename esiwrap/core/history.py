@@ -41,8 +41,9 @@ from typing import Any, Literal, TypeGuard
 
 from esiwrap.core.values import CapacityKind
 
-Ending = Literal["running", "announced", "interrupted", "child", "other", "no_progress"]
-ENDINGS: tuple[Ending, ...] = ("running", "announced", "interrupted", "child", "other", "no_progress")
+Ending = Literal["running", "announced", "interrupted", "child", "other", "no_progress", "killed"]
+ENDINGS: tuple[Ending, ...] = (
+    "running", "announced", "interrupted", "child", "other", "no_progress", "killed")
 KINDS: tuple[CapacityKind, ...] = ("spot", "reserved", "on-demand")
 KEEP_RUNS = 50  # the newest runs kept in the state file
 HEARTBEAT_S = 60.0  # a running esiwrap refreshes its record this often (its exposure so far)
@@ -91,15 +92,23 @@ class RunRecord:
         return self.start_step is None or self.end_step > self.start_step
 
 
-def close_vanished(runs: Sequence[RunRecord], now: float, host: str = "") -> tuple[RunRecord, ...]:
+def close_vanished(runs: Sequence[RunRecord], now: float, host: str = "",
+                   killed: str = "") -> tuple[RunRecord, ...]:
     """Open records of runs that are gone: on this host (a new run here means the last one here
-    ended), or not refreshed for STALE_AFTER_S. They vanished with no notice. An open record of
-    another host seen recently is a run still going there (another node of the job)."""
+    ended), or not refreshed for STALE_AFTER_S. They vanished with no notice (`interrupted`), except
+    the run `killed` names: its esiwrap was killed on a machine that lived on (the state file's
+    lock says so), which is no interruption of the capacity. An open record of another host seen
+    recently is a run still going there (another node of the job)."""
     def vanished(run: RunRecord) -> bool:
         same_host = bool(host) and run.host == host
         return run.ending == "running" and (same_host or now - run.seen_at > STALE_AFTER_S)
 
-    return tuple(replace(r, ending="interrupted") if vanished(r) else r for r in runs)
+    def closed(run: RunRecord) -> RunRecord:
+        if killed and run.run_id == killed and run.ending == "running":
+            return replace(run, ending="killed")
+        return replace(run, ending="interrupted") if vanished(run) else run
+
+    return tuple(closed(r) for r in runs)
 
 
 ANNOUNCED_WITHIN_S = 600.0  # a SIGTERM this close to a known deadline is that deadline's reclamation

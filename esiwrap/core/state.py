@@ -60,10 +60,10 @@ class JobState:
         ended = tuple(r for r in self.runs if r.ending != "running")
         return Prior(self.steps, self.saves, self.blocking, self.uploads, ended, now)
 
-    def starting(self, now: float, host: str = "") -> JobState:
+    def starting(self, now: float, host: str = "", killed: str = "") -> JobState:
         """As a new run on `host` finds it: open records of runs that are gone are runs that
-        vanished (interrupted with no notice)."""
-        return replace(self, runs=close_vanished(self.runs, now, host))
+        vanished (interrupted with no notice); the run `killed` names was killed (`close_vanished`)."""
+        return replace(self, runs=close_vanished(self.runs, now, host, killed))
 
     def with_run(self, run: RunRecord) -> JobState:
         """The history with this run's record in it (replacing its earlier version), newest last."""
@@ -88,6 +88,29 @@ class JobState:
             checkpoint=checkpoint if checkpoint is not None else self.checkpoint,
             checkpoint_durable=durable, runs=self.runs,
         )
+
+
+def merged(on_disk: JobState, ours: JobState, run_id: str) -> JobState:
+    """`ours` (this run's state, whose record is `run_id`), with the other runs' records as the
+    file on disk has them now: each by its latest version, none dropped (newest KEEP_RUNS)."""
+    records: dict[str, RunRecord] = {}
+    anonymous: list[RunRecord] = []
+    for record in (*ours.runs, *on_disk.runs):
+        if not record.run_id:
+            if record not in anonymous:
+                anonymous.append(record)
+            continue
+        kept = records.get(record.run_id)
+        mine = record.run_id == run_id
+        if kept is None or (not mine and _newer(record, kept)):
+            records[record.run_id] = record
+    runs = sorted([*records.values(), *anonymous], key=lambda r: (r.started_at, r.run_id))
+    return replace(ours, runs=tuple(runs[-KEEP_RUNS:]))
+
+
+def _newer(one: RunRecord, other: RunRecord) -> bool:
+    """The later of two versions of one run's record: seen later, or closed where the other is open."""
+    return (one.seen_at, one.ending != "running") > (other.seen_at, other.ending != "running")
 
 
 class StateIgnored(Exception):

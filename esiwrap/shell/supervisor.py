@@ -99,12 +99,18 @@ class Supervisor(Effects):
         self.config = config
         self._before_checkpointed_exit = before_checkpointed_exit  # the Slurm requeue
         self.logger = get_logger()
-        started = clock()
+        started, host = clock(), socket.gethostname()
         state_file = config.controller.state_file
-        loaded, self._state_note = _load_state(state_file, started)  # logged as the run begins
+        # One live run per state file: its lock first (another live run: StateLocked, exit 2), then
+        # what it holds; the notes are logged as the run begins.
+        self._state_lock, self._lock_notes = _lock_state(state_file, config.run_id, host, started)
+        killed = ""
+        for note in self._lock_notes:
+            killed = note[2].get("killed_run_id") or killed
+        loaded, self._state_note = _load_state(state_file, started)
         # This run's place in its job: what the state file says, what it will say (`esiwrap.core.job`)
-        job = Job(loaded, started, run_id=config.run_id, host=socket.gethostname(), argv=config.argv,
-                  max_no_progress_runs=config.controller.max_no_progress_runs)
+        job = Job(loaded, started, run_id=config.run_id, host=host, argv=config.argv,
+                  max_no_progress_runs=config.controller.max_no_progress_runs, killed=killed)
         self.controller = Controller(config.controller, job=job)
         self._runner = Runner(self.controller, self, self._now)  # the core, driven in the one order
         self._state_failed = False
@@ -137,9 +143,10 @@ class Supervisor(Effects):
         """Supervise until the child and its tree are gone; return esiwrap's exit status."""
         self._signals = early.catch()  # already done by the `esiwrap` executable, before its imports
         try:
-            if self._state_note is not None:
-                level, event, fields = self._state_note
-                getattr(self.logger, level)(event, **fields)
+            notes = [*self._lock_notes, *([self._state_note] if self._state_note else [])]
+            for level, event, fields in notes:
+                shown = {k: v for k, v in fields.items() if k != "killed_run_id"}
+                getattr(self.logger, level)(event, **shown)
             self._feed(core.Launch())  # the no-progress guard may end the run here (exit 78)
             self._channel = ChannelServer()
             self._start_child()
@@ -192,6 +199,8 @@ class Supervisor(Effects):
         self._prober.stop()
         self._runner.finish()  # the job's state, with how this run ended, kept once more
         self._files.close(FILES_AT_EXIT_S)
+        if self._state_lock is not None:
+            self._state_lock.release()  # after the last state write
         for pid in list(self._trainer_fds):
             self._forget_trainer(pid)
         self._tree.close()
@@ -303,8 +312,15 @@ class Supervisor(Effects):
         newest state wins, the loop does not wait for the disk."""
         path = self.config.controller.state_file
         if path is not None and not self._state_failed:
-            self._files.replace(path, state.render(action.state), statefile.write_atomic,
+            self._files.replace(path, state.render(action.state), self._write_state,
                                 done=self._state_written)
+
+    def _write_state(self, path: str, text: str) -> None:
+        """On the files' thread: read-modify-write under the lock (no other run's record is lost,
+        even one an older esiwrap wrote meanwhile), and this run's hold on the lock refreshed."""
+        statefile.write_merged(path, text, self.config.run_id)
+        if self._state_lock is not None:
+            self._state_lock.refresh(self._clock())
 
     def notify_stopping(self, action: core.NotifyStopping) -> None:
         self._systemd.stopping()
@@ -542,6 +558,29 @@ class Supervisor(Effects):
             mono = time.monotonic()
             self._systemd.status(*systemd.status_parts(snapshot), mono)
             self._systemd.ping_if_due(mono)
+
+
+def _lock_state(path: str | None, run_id: str, host: str, now: float,
+                ) -> tuple[statefile.StateLock | None, list[LogNote]]:
+    """The state file's lock (`statefile.StateLock`) and what to log about it: one taken over from
+    a run that is gone (`state_lock_taken_over`; "killed_run_id" names a run killed on this very
+    machine), or why there is none (a lock file that cannot be made: the run goes on without)."""
+    if path is None:
+        return None, []
+    me = statefile.Holder(host, os.getpid(), run_id, now, now, statefile.boot_id())
+    try:
+        lock, taken = statefile.StateLock.take(path, me, now)
+    except OSError as exc:
+        return None, [("warning", ev.STATE_LOCK_FAILED, {
+            "path": path + statefile.LOCK_SUFFIX, "error": f"{exc.strerror or exc}",
+            "note": "no lock: nothing keeps a second run off this state file"})]
+    if taken is None:
+        return lock, []
+    fields: dict[str, Any] = {"path": path, **taken.holder.fields(), "why": taken.why,
+                              "recorded_as": "killed" if taken.killed else "interrupted"}
+    if taken.killed:
+        fields["killed_run_id"] = taken.holder.run_id
+    return lock, [("warning", ev.STATE_LOCK_TAKEN_OVER, fields)]
 
 
 def _load_state(path: str | None, now: float) -> tuple[state.JobState | None, LogNote | None]:

@@ -60,8 +60,10 @@ class Job:
     """This run's place in its job: the state it found, its record, and what it leaves."""
 
     def __init__(self, loaded: JobState | None, started_at: float, *, run_id: str = "", host: str = "",
-                 argv: Sequence[str] = (), max_no_progress_runs: int = 3) -> None:
-        self.found = loaded.starting(started_at, host) if loaded is not None else None
+                 argv: Sequence[str] = (), max_no_progress_runs: int = 3, killed: str = "") -> None:
+        """`killed`: the run whose esiwrap was killed on this machine, which lived on (the shell
+        took its state file's lock over): its open record ends `killed`, not `interrupted`."""
+        self.found = loaded.starting(started_at, host, killed) if loaded is not None else None
         checkpoint = self.found.checkpoint if self.found is not None else None
         start_step = checkpoint.step if checkpoint is not None else None
         self.run = RunRecord(started_at, started_at, run_id, start_step=start_step, end_step=start_step,
