@@ -25,14 +25,16 @@ from esiwrap.cli.options import (
     ALL_RUN_OPTIONS,
     RUN_FLAGS,
     RUN_OPTIONS,
+    UPLOAD_EXAMPLE,
     OptionParser,
     add_options,
     build_run_parser,
     config_with,
     controller_config,
+    upload_names_checkpoint,
 )
 from esiwrap.core.values import Answer, winner
-from esiwrap.envvars import COMMAND_ENV, LOG_FILE_ENV, PREFIX, STATUS_FILE_ENV
+from esiwrap.envvars import CHECKPOINT_PATH_ENV, COMMAND_ENV, LOG_FILE_ENV, PREFIX, STATUS_FILE_ENV
 from esiwrap.errors import (
     EXIT_FAILURE,
     EXIT_NO_DEADLINE,
@@ -135,6 +137,7 @@ def run(argv: Sequence[str], environ: Mapping[str, str]) -> int:
                       background=True)
     except OSError as exc:  # what the check above could not foresee (a full disk, a race)
         fail(f"{log_label} {log_file!r}: cannot open it ({exc.strerror or exc}); choose a writable file")
+    warn_upload_without_path(values["upload"])
     config = supervisor_config(command, values, run_id)
     sources = build_sources(values["sources"], values, environ, time.time())
     before_exit = None
@@ -144,6 +147,19 @@ def run(argv: Sequence[str], environ: Mapping[str, str]) -> int:
         before_exit = partial(slurm.requeue_expecting_sigterm, environ)
     return Supervisor(config, sources, environ, observe=observe_settings(values, environ),
                       before_checkpointed_exit=before_exit).run()
+
+
+def warn_upload_without_path(upload: str | None) -> None:
+    """An `--upload` command that names no checkpoint copies the same thing after every save: said
+    once, at the start (a script that reads ESIWRAP_CHECKPOINT_PATH itself is right to)."""
+    if upload is None or upload_names_checkpoint(upload):
+        return
+    from esiwrap import events
+    from esiwrap.shell.log import get_logger
+
+    get_logger().warning(events.UPLOAD_WITHOUT_PATH, upload=upload,
+                         fix=f"put {{path}} where the checkpoint goes (shell-quoted for you), or read "
+                         f"${CHECKPOINT_PATH_ENV} in the script; e.g. {UPLOAD_EXAMPLE}")
 
 
 def deadline_command(argv: Sequence[str], environ: Mapping[str, str]) -> int:

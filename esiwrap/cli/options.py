@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from esiwrap import __version__
 from esiwrap.choices import AFTER_SAVE, LOG_FORMATS, LOG_LEVELS, ON_SIGTERM
 from esiwrap.core.policy import PolicyConfig
+from esiwrap.envvars import CHECKPOINT_PATH_ENV
 from esiwrap.errors import UsageError
 from esiwrap.optiontypes import (
     SECTIONS,
@@ -98,14 +99,56 @@ def _state_file(text: str) -> str:
     return path
 
 
+UPLOAD_EXAMPLE = "--upload 'aws s3 cp --recursive {path} s3://bucket/job/{step}/'"
+_CHECKPOINT_VARIABLE = re.compile(r"\$\{?" + CHECKPOINT_PATH_ENV + r"\b")
+
+
 def _upload_command(text: str) -> str:
+    """A shell command with `{path}` and `{step}`: refused when it is empty, when a brace or a quote
+    is left open (`cp {path /x/` would fail only at the first upload, as exit 74), or when it names
+    another placeholder."""
     command = text.strip()
+    if not command:
+        msg = f"empty command; e.g. {UPLOAD_EXAMPLE}"
+        raise ValueError(msg)
+    problem = _unbalanced_brace(command)
+    if problem is not None:
+        msg = f"{problem}: a placeholder is {{path}} or {{step}}; e.g. {UPLOAD_EXAMPLE}"
+        raise ValueError(msg)
     unknown = sorted({m for m in re.findall(r"(?<!\$)\{(\w*)\}", command) if m not in ("path", "step")})
     if unknown:
         msg = (f"unknown placeholder {{{unknown[0]}}}: the command may use {{path}} (the checkpoint, "
-               "shell-quoted) and {step}; e.g. --upload 'aws s3 cp --recursive {path} s3://bucket/job/{step}/'")
+               f"shell-quoted) and {{step}}; e.g. {UPLOAD_EXAMPLE}")
         raise ValueError(msg)
+    try:
+        shlex.split(command)
+    except ValueError as exc:  # "No closing quotation": /bin/sh would refuse it at every upload
+        msg = f"{str(exc).lower()}: close it, or quote the whole command once; e.g. {UPLOAD_EXAMPLE}"
+        raise ValueError(msg) from None
     return command
+
+
+def _unbalanced_brace(command: str) -> str | None:
+    """Where the braces of a command do not pair up (`{path` left open, a `}` with no `{`)."""
+    opened: list[int] = []
+    for at, char in enumerate(command):
+        if char == "{":
+            opened.append(at)
+        elif char == "}":
+            if not opened:
+                return f"a '}}' with no '{{' before it (character {at + 1})"
+            opened.pop()
+    if opened:
+        return f"unclosed '{{' (character {opened[-1] + 1})"
+    return None
+
+
+def upload_names_checkpoint(command: str) -> bool:
+    """The `--upload` command says which checkpoint to copy: `{path}`, or the variable the upload
+    command gets (`$ESIWRAP_CHECKPOINT_PATH`). Without either it copies the same thing each time:
+    right for a script that reads the variable itself or for a fixed directory, wrong otherwise
+    (`upload_without_path`)."""
+    return "{path}" in command or _CHECKPOINT_VARIABLE.search(command) is not None
 
 
 def _signal_parser(allowed: Sequence[str]) -> Callable[[str], int]:
@@ -180,13 +223,15 @@ RUN_OPTIONS = (
                "after) to the checkpoint directory's filesystem, from a thread of esiwrap's own, so "
                "that the first save is planned from the checkpoint's size over this speed "
                "(`storage_probed`)."),
-    Option("--upload", _upload_command, None, "'aws s3 cp --recursive {path} s3://bucket/job/{step}/'",
+    Option("--upload", _upload_command, None, UPLOAD_EXAMPLE.removeprefix("--upload "),
            "copy each checkpoint off the instance", section="uploads", value_name="CMD",
            see="uploads-and-resumes.md#uploads-exit-75-means-resumable-elsewhere",
            doc="After each completed save, run this shell command with `{path}` (the checkpoint, "
                "shell-quoted) and `{step}`; exit status 0 means uploaded. The upload counts in the "
                "plan: exit 75 only once the last checkpoint's upload completed, 74 when it did "
-               "not."),
+               "not. An empty command, a brace or a quote left open, or another placeholder is "
+               "exit 2 before the command starts; a command that names neither `{path}` nor "
+               "`$ESIWRAP_CHECKPOINT_PATH` is a warning at the start (`upload_without_path`)."),
     Option("--upload-duration", seconds, 60.0, "600", "upload time guessed until one is measured",
            section="uploads", see="uploads-and-resumes.md#uploads-exit-75-means-resumable-elsewhere",
            doc="Until an upload is measured (in this run, or by an earlier one in `--state-file`), "
