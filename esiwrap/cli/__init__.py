@@ -25,6 +25,7 @@ from esiwrap.cli.options import (
     ALL_RUN_OPTIONS,
     RUN_FLAGS,
     RUN_OPTIONS,
+    SUBCOMMANDS,
     UPLOAD_EXAMPLE,
     OptionParser,
     add_options,
@@ -53,7 +54,6 @@ if TYPE_CHECKING:
     from esiwrap.core.values import Deadline
     from esiwrap.integrations.ray_nodes import NodeAnswers
 
-SUBCOMMANDS = ("deadline", "report", "status", "systemd-unit")
 
 
 def fail(message: str, code: int = EXIT_USAGE) -> NoReturn:
@@ -423,7 +423,25 @@ def _subcommand(name: str, argv: Sequence[str], environ: Mapping[str, str]) -> i
         return status_command(argv, environ)
     if name == "systemd-unit":
         return systemd_unit_command(argv, environ)
+    if name == "docs":
+        return docs_command(argv)
     fail(f"'{name}' is not available in this version")
+
+
+def docs_command(argv: Sequence[str]) -> int:
+    """`esiwrap docs`: where the documentation is (the checkout's docs/, the folder esiwrap was
+    installed from, or the package's Documentation URL), else what the terminal offers."""
+    from pathlib import Path
+
+    from esiwrap import __version__
+    from esiwrap.tools import docs
+
+    OptionParser(prog="esiwrap docs",
+                 description="Where esiwrap's documentation is: the docs/ folder of the checkout esiwrap "
+                 "runs from or was installed from (scripts/docs.sh there serves it as a site), else "
+                 "what to read instead. The wheel does not carry it.").parse_args(list(argv))
+    print(docs.render(docs.locate(Path(__file__).resolve().parent.parent), __version__), end="")
+    return EXIT_OK
 
 
 def build_report_parser() -> argparse.ArgumentParser:

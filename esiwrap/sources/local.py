@@ -21,7 +21,7 @@ SAGEMAKER_SOURCE = "env:SAGEMAKER"
 NAMES: tuple[str, ...] = ("cli", "env", MLP_SOURCE, SAGEMAKER_SOURCE)
 SAGEMAKER_LEAD = Option(
     "--sagemaker-lead", seconds, 1800.0, "1800", "subtracted from a SageMaker block's end",
-    section="deadline", see="platforms/sagemaker.md",
+    section="platforms", see="platforms/sagemaker.md",
     doc=f"SageMaker and EC2 capacity blocks begin terminating 30 minutes before the end time in "
         f"`{SAGEMAKER_VAR}`: this much is subtracted from it (source `env:SAGEMAKER`) and logged as "
         f"`lead_s`.")

@@ -117,7 +117,7 @@ SOURCE_OPTIONS = (
                f"address from every machine of another cloud or none); `slurm` only starts inside a "
                f"Slurm job."),
     Option("--refresh", seconds, 300.0, "300", "seconds between deadline look-ups", section="deadline",
-           see="deadline-sources.md",
+           see="deadline-sources.md", advanced=True,
            doc="How often the sources whose answer can change are asked again: the ECS OpenAPI's "
                "`AutoReleaseAt`, Slurm's end time (at most every 60 s there). Spot notices have a 5 s "
                "poll of their own, which backs off up to this when the service does not answer."),
