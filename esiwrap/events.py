@@ -162,6 +162,12 @@ CHECKPOINT_NOT_DURABLE = _event(
     "path, filesystem, mount_point, device, fix")
 
 # ---------------------------------------------------------------------------- uploads
+UPLOAD_WITHOUT_PATH = _event(
+    "upload_without_path", UPLOADS,
+    "at the start (warning): the `--upload` command names neither `{path}` nor "
+    "`$ESIWRAP_CHECKPOINT_PATH`, so it copies the same thing after every save",
+    "upload, fix (right for a script that reads `ESIWRAP_CHECKPOINT_PATH` itself, or for a "
+    "directory that holds every checkpoint)")
 UPLOAD_STARTED = _event(
     "upload_started", UPLOADS, "`--upload`: the command runs for this checkpoint",
     "step, path, pid, attempt, upload_estimate_s, remaining_s")

@@ -5,7 +5,8 @@ An `Option` is one flag of `esiwrap [OPTIONS] -- COMMAND`: its environment varia
 listed in, and the parser that turns the text into a value. A parser raises `ValueError` with the
 reason (`esiwrap.optiontypes.resolve_options` turns it into one line naming the input and an example).
 The sections are `--help`'s groups and the headings of the options reference
-(`docs/reference/options.md`, written by `scripts/gen_reference.py` from these fields).
+(`docs/reference/options.md`, written by `scripts/gen_reference.py` from these fields); the
+platforms' settings and the `advanced` options are listed by `--help-all` only.
 
 Deadline sources declare their own options with these (`esiwrap.sources.registry`), so this
 module imports nothing of esiwrap's but the names and the duration parser: any module may import it.
@@ -34,11 +35,12 @@ class Section:
     title: str  # the --help group's title, lower case: "deadline sources"
     summary: str  # one sentence under it
     page: str  # the documentation page that explains it, relative to docs/
+    in_help: bool = True  # listed by `esiwrap --help`; else by `--help-all` only
 
 
 SECTIONS: tuple[Section, ...] = (
     Section("deadline", "deadline sources",
-            "where the deadline comes from, and each platform's own settings", "deadline-sources.md"),
+            "where the deadline comes from: given, or the sources asked for it", "deadline-sources.md"),
     Section("policy", "policy", "when to save: the estimates and reserves the plan is made of", "policy.md"),
     Section("uploads", "uploads and resumes",
             "the checkpoint off the instance, and the job's memory across runs", "uploads-and-resumes.md"),
@@ -46,6 +48,10 @@ SECTIONS: tuple[Section, ...] = (
             "the save signal, SIGTERM, and how the child is stopped", "reference/signals.md"),
     Section("observe", "logs and metrics",
             "what esiwrap writes while it runs: logs, metrics, the status file", "observe/index.md"),
+    Section("platforms", "platform settings",
+            "each deadline source's own: where its metadata service is, the Volcengine API, "
+            "SageMaker's lead, Slurm's requeue, Azure's and GCP's notices", "deadline-sources.md",
+            in_help=False),
 )
 SECTION_KEYS = frozenset(section.key for section in SECTIONS)
 
@@ -63,6 +69,7 @@ class Option:
     doc: str = field(default="", kw_only=True)  # the longer description (Markdown): --help-all, the reference
     see: str = field(default="", kw_only=True)  # the docs page (and #anchor) that explains more
     value_name: str = field(default="", kw_only=True)  # the value's name in --help, if not the default's
+    advanced: bool = field(default=False, kw_only=True)  # a knob the defaults fit: in --help-all only
 
     def __post_init__(self) -> None:
         if self.section not in SECTION_KEYS:

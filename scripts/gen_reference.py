@@ -31,9 +31,9 @@ from pathlib import Path
 from typing import Any
 
 from esiwrap import envvars, events
-from esiwrap.cli.options import ALL_RUN_OPTIONS, BOOLEAN_FLAGS, QUIET_NEGATIVES
+from esiwrap.cli.options import ALL_RUN_OPTIONS, BOOLEAN_FLAGS, QUIET_NEGATIVES, START_HERE, in_short_help
 from esiwrap.core.controller.modes import STAY, TRANSITIONS, Mode, Modes
-from esiwrap.optiontypes import SECTIONS, Option
+from esiwrap.optiontypes import SECTIONS, Option, Section
 from esiwrap.tools.timeline import FONT, text_width
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -79,7 +79,14 @@ def section_title(title: str) -> str:
 
 # ------------------------------------------------------------------------------- options
 def options_block(page: str) -> str:
-    lines = ["| option | default | what |", "|---|---|---|"]
+    start = ", ".join(f"[`{flag}`](#{flag[2:]})" for flag in START_HERE)
+    left_out = ", ".join(f"[`{opt.flag}`](#{anchor(opt)})" for opt in ALL_RUN_OPTIONS
+                         if not in_short_help(opt) and _section(opt.section).in_help)
+    left_out_sections = " and ".join(f"the {s.title}" for s in SECTIONS if not s.in_help)
+    lines = [f"`esiwrap --help` starts with what most runs set ({start}), then lists the others in "
+             f"their sections, each with its default; {left_out_sections} and the knobs the defaults "
+             f"fit ({left_out}) are in `esiwrap --help-all` only.", "",
+             "| option | default | what |", "|---|---|---|"]
     for section in SECTIONS:
         for opt in _in_section(section.key):
             lines.append(f"| [`{invocation(opt)}`](#{anchor(opt)}) | {default_cell(opt)} "
@@ -91,6 +98,10 @@ def options_block(page: str) -> str:
         for opt in _in_section(section.key):
             lines += _option_entry(opt, page)
     return "\n".join(lines)
+
+
+def _section(key: str) -> Section:
+    return next(section for section in SECTIONS if section.key == key)
 
 
 def _in_section(key: str) -> list[Option]:

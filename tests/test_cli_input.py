@@ -1,9 +1,12 @@
 """What a user types before the command: the splitter between esiwrap's options and the command,
-a mistyped subcommand, and a log file that cannot be written. Each mistake is one line, exit 2,
-before the child starts; a well-formed command reaches the child untouched."""
+a mistyped subcommand, a log file that cannot be written, and an upload command that could never
+work. Each mistake is one line, exit 2, before the child starts; a well-formed command reaches the
+child untouched."""
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -11,9 +14,11 @@ from pathlib import Path
 import pytest
 from esiwrap_harness import PYTHON
 
-from esiwrap.cli import split_run_argv
-from esiwrap.cli.options import ALL_RUN_OPTIONS, BOOLEAN_FLAGS
-from esiwrap.errors import EXIT_NOT_FOUND, EXIT_USAGE
+from esiwrap.cli import split_run_argv, warn_upload_without_path
+from esiwrap.cli.options import ALL_RUN_OPTIONS, BOOLEAN_FLAGS, upload_names_checkpoint
+from esiwrap.errors import EXIT_NOT_FOUND, EXIT_USAGE, UsageError
+from esiwrap.optiontypes import resolve_options
+from esiwrap.shell.log import capture_logs
 
 PRINT_ARGV = "import os, sys; print(os.environ.get('FOO'), sys.argv[1:])"
 
@@ -154,3 +159,76 @@ def test_every_option_that_takes_a_value_keeps_it_from_the_command(option) -> No
     """The splitter knows every run option: `--flag VALUE cmd` never takes VALUE for the command."""
     options, command = split_run_argv([option.flag, "value", "train.sh", "--flag-of-the-command"])
     assert options == [option.flag, "value"] and command == ["train.sh", "--flag-of-the-command"]
+
+
+UPLOAD = next(opt for opt in ALL_RUN_OPTIONS if opt.flag == "--upload")
+GOOD_UPLOAD = "e.g. --upload 'aws s3 cp --recursive {path} s3://bucket/job/{step}/'"
+
+
+@pytest.mark.parametrize(("command", "reason"), [
+    ("cp {path /x/", "unclosed '{' (character 4)"),
+    ("cp path} /x/", "a '}' with no '{' before it (character 8)"),
+    ("", "empty command"),
+    ("   \t", "empty command"),
+    ("aws s3 cp {path} 's3://bucket/{step}/", "no closing quotation"),
+    ("aws s3 cp {path} s3://b/{stpe}/", "unknown placeholder {stpe}"),
+])
+def test_a_malformed_upload_command_is_refused_with_a_good_one(command: str, reason: str) -> None:
+    """An upload command that could never run (or would copy nothing useful) fails before the
+    child starts, not as exit 74 at the first upload: one line naming it, the reason and a good
+    one, by flag and by variable alike (an empty variable is an unset one)."""
+    with pytest.raises(UsageError) as caught:
+        resolve_options(argparse.Namespace(upload=command), [UPLOAD], {})
+    message = str(caught.value)
+    assert message.startswith(f"--upload {command!r}: {reason}")
+    assert message.endswith(GOOD_UPLOAD) and "\n" not in message
+    if command.strip():
+        with pytest.raises(UsageError, match=r"^ESIWRAP_UPLOAD "):
+            resolve_options(argparse.Namespace(), [UPLOAD], {"ESIWRAP_UPLOAD": command})
+
+
+@pytest.mark.parametrize("command", [
+    "aws s3 cp --recursive {path} s3://bucket/job/{step}/",
+    "rsync -a \"$ESIWRAP_CHECKPOINT_PATH\" backup:/job/",
+    "gsutil cp -r ${ESIWRAP_CHECKPOINT_PATH} gs://b/${ESIWRAP_CHECKPOINT_STEP}/",
+    "awk '{print $1}' {path}/index && f() { cp -r \"$1\" /mnt/backup; }; f {path}",
+])
+def test_an_upload_command_that_names_the_checkpoint_is_taken_as_given(command: str) -> None:
+    """Braces that pair up (shell's own `${VAR}`, awk, a function) and either way of naming the
+    checkpoint: accepted, and no warning."""
+    assert resolve_options(argparse.Namespace(upload=command), [UPLOAD], {})["upload"] == command
+    assert upload_names_checkpoint(command)
+    with capture_logs() as logs:
+        warn_upload_without_path(command)
+    assert logs == []
+
+
+@pytest.mark.parametrize("command", [
+    "rsync -a /mnt/ckpt/ backup:/job/", "./upload.sh {step}", "echo $ESIWRAP_CHECKPOINT_PATHS",
+])
+def test_an_upload_command_that_names_no_checkpoint_is_a_warning(command: str) -> None:
+    """Neither `{path}` nor `$ESIWRAP_CHECKPOINT_PATH`: it copies the same thing after every save,
+    which is right only for a script that reads the variable or a directory of every checkpoint,
+    so it runs, with `upload_without_path` naming the fix."""
+    assert not upload_names_checkpoint(command)
+    with capture_logs() as logs:
+        warn_upload_without_path(command)
+    (warning,) = logs
+    assert warning["event"] == "upload_without_path" and warning["log_level"] == "warning"
+    assert warning["upload"] == command and "{path}" in warning["fix"]
+    assert "$ESIWRAP_CHECKPOINT_PATH" in warning["fix"]
+
+
+@pytest.mark.system
+def test_upload_commands_at_the_start_of_a_run(tmp_path: Path) -> None:
+    """A malformed one: exit 2, one line, the command never starts. One that names no checkpoint:
+    the run goes on, warned before the child starts."""
+    marker = tmp_path / "started"
+    done = _esiwrap("--deadline", "+1h", "--upload", "cp {path /x/", "--", "touch", str(marker))
+    assert done.returncode == EXIT_USAGE and done.stderr.count("\n") == 1, done.stderr
+    assert done.stderr.startswith("esiwrap: --upload 'cp {path /x/': unclosed '{'") and not marker.exists()
+    done = _esiwrap("--deadline", "+1h", "--log-format", "json", "--upload", "rsync -a /ckpt/ backup:/",
+                    "--", "touch", str(marker))
+    assert done.returncode == 0 and marker.exists(), done.stderr
+    names = [json.loads(line)["event"] for line in done.stderr.splitlines()]
+    assert names.index("upload_without_path") < names.index("child_started")

@@ -1,8 +1,8 @@
 """The reference pages and `--help` come from the option registry and the event list: the committed
 pages are what `scripts/gen_reference.py` writes, every option has its section, help and
-description, and `esiwrap --help` shows the sections as groups (`--help-all` describes each). The
-documentation's pictures are what their scripts draw now: the modes from the transition table, the
-timeline from the committed log of a real run (`scripts/gen_pictures.py`)."""
+description, and `esiwrap --help` shows where to start and the sections as groups (`--help-all`
+describes each). The documentation's pictures are what their scripts draw now: the modes from the
+transition table, the timeline from the committed log of a real run (`scripts/gen_pictures.py`)."""
 
 from __future__ import annotations
 
@@ -24,9 +24,18 @@ import pytest
 from esiwrap_harness import PYTHON, ROOT
 
 from esiwrap import cli, envvars, errors
-from esiwrap.cli.options import ALL_RUN_OPTIONS, BOOLEAN_FLAGS, QUIET_NEGATIVES, RUN_FLAGS
+from esiwrap.cli.options import (
+    ALL_RUN_OPTIONS,
+    BOOLEAN_FLAGS,
+    QUIET_NEGATIVES,
+    RUN_FLAGS,
+    START_HERE,
+    build_run_parser,
+    has_default,
+    in_short_help,
+)
 from esiwrap.core.controller.modes import TRANSITIONS, Mode
-from esiwrap.optiontypes import SECTIONS
+from esiwrap.optiontypes import SECTIONS, Option
 
 DOCS = ROOT / "docs"
 SVG = "{http://www.w3.org/2000/svg}"
@@ -276,22 +285,58 @@ def esiwrap_help(*args: str) -> str:
     return done.stdout
 
 
-@pytest.mark.system
-def test_help_groups_the_options_by_section_one_line_each() -> None:
-    """`esiwrap --help`: one group per section, in order, each listing its options' flags (a
-    boolean as --[no-]X); short enough to scan: under 80 lines of at most 80 columns; it says
-    where the rest is."""
-    text = esiwrap_help("--help")
-    titles = [line[:-1] for line in text.splitlines() if re.fullmatch(r"[a-z][a-z ,]*:", line)]
-    assert titles[-len(SECTIONS):] == [section.title for section in SECTIONS]
+def short_help_groups() -> list[tuple[str, list[Option]]]:
+    """`esiwrap --help`'s groups as the registry says they are: what most runs set, then each
+    section's other options that are neither a platform's own setting nor an advanced knob."""
+    by_flag = {opt.flag: opt for opt in ALL_RUN_OPTIONS}
+    groups = [("start here", [by_flag[flag] for flag in START_HERE])]
     for section in SECTIONS:
-        group = text.split(f"\n{section.title}:\n", 1)[1].split("\n\n", 1)[0]
-        for opt in (o for o in ALL_RUN_OPTIONS if o.section == section.key):
-            shown = f"--[no-]{opt.flag[2:]}" if opt.flag in BOOLEAN_FLAGS - QUIET_NEGATIVES else opt.flag
-            assert re.search(rf"^  {re.escape(shown)}\b", group, re.MULTILINE), (section.title, shown)
+        shown = [o for o in ALL_RUN_OPTIONS if o.section == section.key and in_short_help(o)
+                 and o.flag not in START_HERE]
+        if shown:
+            groups.append((section.title, shown))
+    return groups
+
+
+def shown_flag(opt: Option) -> str:
+    return f"--[no-]{opt.flag[2:]}" if opt.flag in BOOLEAN_FLAGS - QUIET_NEGATIVES else opt.flag
+
+
+@pytest.mark.system
+def test_help_starts_where_most_runs_start_and_fits_one_screen() -> None:
+    """`esiwrap --help` at 80 columns fits one screen (at most 50 lines of at most 80 columns): the
+    options most runs set first (`start here`: the deadline or its sources, the state file, the
+    upload, the log), then each section's others, each option once with its default in brackets
+    where it has one; the platforms' own settings and the advanced knobs are left to `--help-all`,
+    which it names, and `esiwrap docs` says where the documentation is (a repository path would
+    mean nothing to a user who installed the package)."""
+    text = esiwrap_help("--help")
     lines = text.splitlines()
-    assert len(lines) < 80 and max(len(line) for line in lines) <= 80
-    assert "--help-all" in text and "docs/reference/options.md" in text
+    assert len(lines) <= 50 and max(len(line) for line in lines) <= 80, len(lines)
+    groups = short_help_groups()
+    titles = [line[:-1] for line in lines if re.fullmatch(r"[a-z][a-z ,]*:", line)]
+    assert titles == [title for title, _ in groups]
+    for title, options in groups:
+        group = text.split(f"\n{title}:\n", 1)[1].split("\n\n", 1)[0]
+        assert re.findall(r"^  (--\S+)", group, re.MULTILINE) == [shown_flag(o) for o in options], title
+        entries = re.split(r"\n(?=  --)", group)
+        for opt, entry in zip(options, entries, strict=True):
+            packed = " ".join(entry.split())
+            assert packed.endswith(f"[{opt.default_text}]") == has_default(opt), (opt.flag, packed)
+    hidden = [o for o in ALL_RUN_OPTIONS if not in_short_help(o)]
+    assert {o.section for o in hidden} >= {"platforms"} and any(o.advanced for o in hidden)
+    assert not [o.flag for o in hidden if re.search(rf"^  {re.escape(shown_flag(o))}\b", text, re.MULTILINE)]
+    assert "--help-all" in text and "esiwrap docs" in text and "docs/" not in text
+
+
+def test_options_left_out_of_help_still_parse() -> None:
+    """A platform's setting or an advanced knob is only left out of `--help`'s list: the command
+    line takes it (a prefix too) as before."""
+    parser = build_run_parser()
+    ns = parser.parse_args(["--metadata-url", "http://10.0.0.1", "--step-win", "5", "--no-azure-ack",
+                            "--", "python", "train.py"])
+    assert (ns.metadata_url, ns.step_window, ns.azure_ack) == ("http://10.0.0.1", "5", "false")
+    assert ns.command == ["--", "python", "train.py"]
 
 
 @pytest.mark.system
@@ -320,5 +365,7 @@ def test_help_all_describes_every_option_with_its_variable_and_default() -> None
     for opt in ALL_RUN_OPTIONS:
         assert pack(f"[env {opt.env}; default {opt.default_text}]") in packed, opt.flag
         assert pack(opt.doc) in packed, opt.flag
+    titles = [line[:-1] for line in text.splitlines() if re.fullmatch(r"[a-z][a-z ,]*:", line)]
+    assert titles[-len(SECTIONS):] == [section.title for section in SECTIONS]
     assert RUN_FLAGS["--help-all"] is False
     assert len(text.splitlines()) > 2 * len(esiwrap_help("--help").splitlines())

@@ -29,6 +29,8 @@ from esiwrap_harness import PYTHON, ROOT, TINY_TRAINER, EsiwrapRun
 
 from esiwrap.errors import EXIT_CHECKPOINTED
 from esiwrap.shell.durability import filesystem_of
+from esiwrap.times import iso_epoch
+from esiwrap.tools import whatif
 from esiwrap.tools.timeline import COLORS
 
 pytestmark = [pytest.mark.system, pytest.mark.timeout(400)]
@@ -158,6 +160,39 @@ def test_report_shows_the_job_across_three_instances(job: Job) -> None:
     same = subprocess.run([PYTHON, "-m", "esiwrap", "report", "--json", "-"], input=joined,
                           capture_output=True, text=True, timeout=60)
     assert json.loads(same.stdout)["job"] == report
+
+
+@pytest.mark.parametrize("left_out", [(), ("step_observed",), ("step_observed", "resumed", "state_loaded")],
+                         ids=["as-logged", "info-level", "no-state-file"])
+def test_what_if_numbers_a_resumed_runs_steps_from_where_it_resumed(
+        job: Job, tmp_path: Path, left_out: tuple[str, ...]) -> None:
+    """`report --what-if` of run 2, which resumed from run 1's checkpoint: its actual column is
+    the report's own figures (the saves and their steps, the checkpoint of the `at risk` line) and
+    its work lost is the time from that checkpoint's step to the deadline, not the whole run (its
+    steps were once numbered from 0); the replay with the run's own settings saves the same steps.
+    Also from the log as `--log-level info` writes it (no step_observed: steps at one pace),
+    and without a state file's events (the start estimated from the first save)."""
+    (resumed,) = named(job.runs[1], "resumed")
+    log = tmp_path / "run-2.jsonl"
+    log.write_text("".join(json.dumps(e) + "\n" for e in job.runs[1] if e["event"] not in left_out))
+    done = subprocess.run([PYTHON, "-m", "esiwrap", "report", "--json", str(log), "--what-if",
+                           "--redundant-time 3"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    document = json.loads(done.stdout)
+    ((run,), (replayed,)) = document["runs"], document["what_if"]
+    exact = "resumed" not in left_out
+    assert replayed["start_from"] == (whatif.AS_RESUMED if exact else whatif.ESTIMATED)
+    assert abs(replayed["start_step"] - resumed["start_step"]) <= (0 if exact else 2)
+    actual = replayed["actual"]
+    completed = [s for s in run["saves"] if s["outcome"] == "completed"]
+    assert [(s["kind"], s["step"]) for s in actual["saves"]] == [(s["kind"], s["step"]) for s in completed]
+    assert actual["saved_step"] == run["work_at_risk"]["step"] == completed[-1]["step"]
+    assert actual["saved_step"] > resumed["start_step"]
+    to_deadline = iso_epoch(run["deadline"]["at"]) - iso_epoch(completed[-1]["started_at"])
+    assert actual["lost_s"] == pytest.approx(to_deadline, abs=0.5 if "step_observed" not in left_out else 1.5)
+    assert run["work_at_risk"]["seconds"] <= actual["lost_s"] < 10
+    assert abs(replayed["replayed_as_run"]["saved_step"] - actual["saved_step"]) <= 2
+    assert replayed["replayed_as_run"]["saves"][0]["step"] > resumed["start_step"]
 
 
 JOB_GEOMETRY = """

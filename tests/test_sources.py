@@ -11,7 +11,8 @@ import pytest
 from esiwrap_harness import PYTHON
 
 from esiwrap.core.values import Answer, Deadline, winner
-from esiwrap.errors import EXIT_NO_DEADLINE, EXIT_OK
+from esiwrap.errors import EXIT_NO_DEADLINE, EXIT_OK, UsageError
+from esiwrap.sources import registry
 from esiwrap.sources.chain import ask
 from esiwrap.sources.local import MLP_VAR, SAGEMAKER_VAR, CliSource, env_sources
 from esiwrap.sources.registry import build_sources, source_values
@@ -147,3 +148,47 @@ def test_a_nodes_capacity_kind_survives_the_wire() -> None:
     fields = remote.to_fields(sent) | {"capacity": ["spot"]}
     back = remote.from_fields(fields, NOW)
     assert back is not None and back.capacity is None
+
+
+CLOSED = "http://127.0.0.1:9"
+IN_A_SLURM_JOB = {"SLURM_JOB_ID": "42"}  # slurm builds its source only inside a job
+
+
+def built_names(names: list[str] | tuple[str, ...], **values: str) -> list[str]:
+    """The names the sources built for `names` report themselves as (built, not asked: every
+    metadata client points at a closed port)."""
+    urls = {"metadata_url": CLOSED, "aws_metadata_url": CLOSED, "azure_metadata_url": CLOSED,
+            "gcp_metadata_url": CLOSED}
+    sources = build_sources(names, source_values(**urls, **values), IN_A_SLURM_JOB, NOW, explain=True)
+    return [s.name for s in sources]
+
+
+def test_every_name_a_source_reports_is_a_word_of_sources() -> None:
+    """Every output names a source as it reports itself (`env:MLP`, `volcengine-spot`): each such
+    name is accepted by `--sources`, in any case, and asks that source alone."""
+    reported = built_names(registry.KNOWN_SOURCES) + built_names(["cli"], deadline="+2h")
+    assert set(reported) == {"env:MLP", "env:SAGEMAKER", "slurm", "volcengine", "volcengine-spot",
+                             "aws-spot", "azure", "gcp", "cli"}
+    for name in reported:
+        assert registry.parse_source_names(name.lower()) == [name]
+        given = {"deadline": "+2h"} if name == "cli" else {}  # cli says nothing without --deadline
+        assert built_names([name], **given) == [name]
+
+
+def test_env_is_both_variables_and_a_source_named_twice_is_asked_once() -> None:
+    """`env` is `env:MLP` and `env:SAGEMAKER`; `env,env:MLP` asks the ML platform's variable once."""
+    values, environ = source_values(), {MLP_VAR: "1790003600"}
+    assert [s.name for s in build_sources(["env"], values, environ, NOW)] == ["env:MLP", "env:SAGEMAKER"]
+    names = registry.parse_source_names("env:MLP, ENV, env:mlp")
+    assert names == ["env:MLP", "env"]
+    assert [s.name for s in build_sources(names, values, environ, NOW)] == ["env:MLP", "env:SAGEMAKER"]
+    (alone,) = build_sources(registry.parse_source_names("env:mlp"), values, environ, NOW)
+    assert ask(alone, NOW).deadline is not None
+
+
+@pytest.mark.parametrize("text", ["env:XYZ", "node:1a2b3c4d/env:MLP", " , "])
+def test_a_name_no_source_reports_is_refused_with_the_known_ones(text: str) -> None:
+    """A name no source has (another node's answers come from that node, not from `--sources`) is
+    one line listing the known names."""
+    with pytest.raises(UsageError, match="unknown source; choose from cli,env,env:MLP,env:SAGEMAKER,"):
+        registry.parse_source_names(text)

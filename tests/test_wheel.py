@@ -1,8 +1,11 @@
-"""The package a user would `pip install`: the sdist and the wheel built from a copy of the tree
-(the wheel from the sdist, as `python -m build` does), their metadata and contents checked, and the
-wheel installed alone into a fresh venv (its core dependencies only: no torch, no verl), where
-`esiwrap --version`, `esiwrap deadline --json`, `esiwrap systemd-unit` and a supervised trainer run,
-the trainer's start-up hook and the trainer library coming from the installed wheel."""
+"""The package a user would `pip install`, installed as the README and the docs say, each command as
+written (`tests/install_commands.py`), in a folder holding a copy of the tree named `esiwrap` (the
+docs' clone): the sdist and the wheel built by `python -m build esiwrap` (the wheel from the
+sdist), their metadata and contents checked, and the wheel installed alone into a fresh venv (its
+core dependencies only: no torch, no verl), where `esiwrap --version`, `esiwrap deadline --json`,
+`esiwrap systemd-unit`, `esiwrap docs` and a supervised trainer run, the trainer's start-up hook and
+the trainer library coming from the installed wheel. In two more fresh venvs: `pip install
+./esiwrap` from the clone, and the clone with the extra that installs without PyPI here."""
 
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ from pathlib import Path
 
 import pytest
 from esiwrap_harness import PYTHON, ROOT, EsiwrapRun
+from install_commands import BUILD, COMMANDS, FROM_CHECKOUT, FROM_WHEEL, RUN, WITH_EXTRA
 
 from esiwrap import __version__
 from esiwrap.errors import EXIT_CHECKPOINTED
@@ -57,9 +61,9 @@ while True:
 
 
 @dataclass
-class Built:
-    sdist: Path
-    wheel: Path
+class Venv:
+    """A fresh venv esiwrap was installed into."""
+
     venv: Path
 
     @property
@@ -70,31 +74,65 @@ class Built:
         (found,) = (self.venv / "lib").glob("python3*/site-packages")
         return found
 
+    def distributions(self) -> set[str]:
+        names = "sorted(d.metadata['Name'].lower() for d in m.distributions())"
+        code = f"import importlib.metadata as m, json; print(json.dumps({names}))"
+        done = subprocess.run([str(self.bin / "python"), "-c", code], capture_output=True, text=True,
+                              timeout=60, env=clean_env(self), cwd=self.venv, check=True)
+        return set(json.loads(done.stdout))
 
-def clean_env(built: Built, **extra: str) -> dict[str, str]:
+
+@dataclass
+class Built(Venv):
+    sdist: Path
+    wheel: Path
+
+
+def clean_env(venv: Venv, **extra: str) -> dict[str, str]:
     """Nothing of the development tree: no PYTHONPATH, no esiwrap variables, the venv first on PATH."""
     keep = {k: v for k, v in os.environ.items() if k in ("HOME", "LANG", "LC_ALL", "TMPDIR")}
-    return {**keep, "PATH": f"{built.bin}:/usr/bin:/bin", **extra}
+    return {**keep, "PATH": f"{venv.bin}:/usr/bin:/bin", **extra}
+
+
+def run_documented(command: str, where: Path, path: Path) -> None:
+    """Run a command of the docs as written, through the shell (its `*` and quotes are the
+    shell's), in `where` (the folder that holds the clone `esiwrap`) with `path` first on PATH."""
+    assert command in COMMANDS, command
+    keep = {k: v for k, v in os.environ.items() if k in ("HOME", "LANG", "LC_ALL", "TMPDIR")}
+    done = subprocess.run(["/bin/sh", "-c", command], capture_output=True, text=True, timeout=600, cwd=where,
+                          env={**keep, "PATH": f"{path}:/usr/bin:/bin", "PIP_DISABLE_PIP_VERSION_CHECK": "1"})
+    assert done.returncode == 0, (command, done.stdout[-3000:] + done.stderr[-3000:])
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Built]:
-    tmp = tmp_path_factory.mktemp("wheel")
-    tree, dist = tmp / "tree", tmp / "dist"
-    shutil.copytree(ROOT, tree, ignore=NOT_IN_A_BUILD, symlinks=True)
-    done = subprocess.run([PYTHON, "-m", "build", "--outdir", str(dist), str(tree)],
-                          capture_output=True, text=True, timeout=600)
+def clone(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder holding a copy of the tree named `esiwrap`, as the docs' clone is; its wheel and
+    sdist built there as the docs build them (`python -m build esiwrap`, with the suite's own
+    Python, which has the `build` package)."""
+    where = tmp_path_factory.mktemp("install")
+    shutil.copytree(ROOT, where / "esiwrap", ignore=NOT_IN_A_BUILD, symlinks=True)
+    done = subprocess.run(["/bin/sh", "-c", BUILD], capture_output=True, text=True, timeout=600, cwd=where,
+                          env={**os.environ, "PATH": f"{Path(PYTHON).parent}:{os.environ['PATH']}"})
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return where
+
+
+def fresh_venv(where: Path, name: str, command: str) -> Venv:
+    """A new venv in `where`, and the documented `command` run with it first on PATH."""
+    venv = Venv(where / name)
+    subprocess.run([PYTHON, "-m", "venv", str(venv.venv)], check=True, timeout=300)
+    run_documented(command, where, venv.bin)
+    return venv
+
+
+@pytest.fixture(scope="module")
+def built(clone: Path) -> Iterator[Built]:
+    """The wheel installed as the docs say: `pip install esiwrap/dist/esiwrap-*.whl`."""
+    dist = clone / "esiwrap" / "dist"
     (sdist,) = dist.glob("esiwrap-*.tar.gz")
     (wheel,) = dist.glob("esiwrap-*.whl")
-    venv = tmp / "venv"
-    subprocess.run([PYTHON, "-m", "venv", str(venv)], check=True, timeout=300)
-    result = Built(sdist, wheel, venv)
-    install = subprocess.run([str(result.bin / "pip"), "install", "--disable-pip-version-check", "--quiet",
-                              str(wheel)], capture_output=True, text=True, timeout=600, cwd=tmp,
-                             env=clean_env(result))
-    assert install.returncode == 0, install.stdout[-3000:] + install.stderr[-3000:]
-    yield result
+    venv = fresh_venv(clone, "venv-wheel", FROM_WHEEL)
+    yield Built(venv.venv, sdist, wheel)
 
 
 def wheel_metadata(wheel: Path) -> email.message.Message:
@@ -152,11 +190,7 @@ def test_the_wheel_carries_every_file_of_the_package(built: Built) -> None:
 def test_the_fresh_venv_holds_esiwrap_and_its_core_dependencies_only(built: Built) -> None:
     """`pip install` of the wheel alone brought esiwrap, psutil and structlog: no torch, no verl,
     no Ray, no SDK."""
-    names = "sorted(d.metadata['Name'].lower() for d in m.distributions())"
-    code = f"import importlib.metadata as m, json; print(json.dumps({names}))"
-    done = subprocess.run([str(built.bin / "python"), "-c", code],
-                          capture_output=True, text=True, timeout=60, env=clean_env(built), cwd=built.venv)
-    installed = set(json.loads(done.stdout))
+    installed = built.distributions()
     assert {"esiwrap", "psutil", "structlog"} <= installed
     assert installed - VENV_TOOLS == {"esiwrap", "psutil", "structlog"}
 
@@ -185,6 +219,60 @@ def test_the_installed_commands_answer(built: Built, tmp_path: Path) -> None:
                           timeout=60, env=env, cwd=tmp_path)
     assert done.returncode == 0 and "[Service]" in done.stdout
     assert f"ExecStart={built.bin / 'esiwrap'}" in done.stdout
+
+
+def test_the_installed_wheel_says_where_the_documentation_is(built: Built, tmp_path: Path) -> None:
+    """`esiwrap docs` from a venv with the wheel alone: no docs folder to name (the wheel carries
+    none, and pip installed it from a file), so it says where the docs are and what the terminal
+    has; exit 0."""
+    done = subprocess.run([str(built.bin / "esiwrap"), "docs"], capture_output=True, text=True, timeout=60,
+                          env=clean_env(built), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "installed without its documentation" in done.stdout and "esiwrap --help-all" in done.stdout
+    assert str(ROOT) not in done.stdout
+
+
+@pytest.fixture(scope="module")
+def from_checkout(clone: Path) -> Venv:
+    """`pip install ./esiwrap` in a fresh venv, next to the clone."""
+    return fresh_venv(clone, "venv-checkout", FROM_CHECKOUT)
+
+
+def test_a_checkout_path_installs_esiwrap_alone_and_its_docs_are_found(from_checkout: Venv, clone: Path,
+                                                                       tmp_path: Path) -> None:
+    """From the clone's path: esiwrap and its core dependencies only, `esiwrap --version`
+    answers, and `esiwrap docs` names the docs/ folder of the clone it was installed from."""
+    assert from_checkout.distributions() - VENV_TOOLS == {"esiwrap", "psutil", "structlog"}
+    env = clean_env(from_checkout)
+    done = subprocess.run([str(from_checkout.bin / "esiwrap"), "--version"], capture_output=True, text=True,
+                          timeout=60, env=env, cwd=tmp_path)
+    assert done.stdout.strip() == f"esiwrap {__version__}", done.stderr
+    done = subprocess.run([str(from_checkout.bin / "esiwrap"), "docs"], capture_output=True, text=True,
+                          timeout=60, env=env, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "the folder this esiwrap was installed from" in done.stdout
+    assert str(clone / "esiwrap" / "docs" / "getting-started.md") in done.stdout
+
+
+@pytest.fixture(scope="module")
+def with_extra(clone: Path) -> Venv:
+    """`pip install './esiwrap[demo]'` in a fresh venv: the extra that installs here without PyPI."""
+    return fresh_venv(clone, "venv-extra", WITH_EXTRA)
+
+
+def test_an_extra_brings_its_dependencies(with_extra: Venv, tmp_path: Path) -> None:
+    """The clone with the demo's extra: esiwrap with torch and numpy, which import, and the
+    trainer library beside them."""
+    assert {"esiwrap", "torch", "numpy", "psutil", "structlog"} <= with_extra.distributions()
+    code = "import numpy, torch, esiwrap.trainer; print(torch.__version__.split('+')[0])"
+    done = subprocess.run([str(with_extra.bin / "python"), "-c", code], capture_output=True, text=True,
+                          timeout=120, env=clean_env(with_extra), cwd=tmp_path)
+    assert (done.returncode, done.stdout.strip()) == (0, "2.13.0"), done.stderr
+
+
+def test_the_commands_run_here_are_the_ones_the_table_marks() -> None:
+    """What this module runs is what tests/install_commands.py says it runs (and no more)."""
+    assert {c for c, how in COMMANDS.items() if how == RUN} == {FROM_WHEEL, FROM_CHECKOUT, WITH_EXTRA}
 
 
 def test_a_supervised_trainer_runs_from_the_installed_wheel(built: Built, tmp_path: Path) -> None:

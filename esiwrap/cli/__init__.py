@@ -25,14 +25,17 @@ from esiwrap.cli.options import (
     ALL_RUN_OPTIONS,
     RUN_FLAGS,
     RUN_OPTIONS,
+    SUBCOMMANDS,
+    UPLOAD_EXAMPLE,
     OptionParser,
     add_options,
     build_run_parser,
     config_with,
     controller_config,
+    upload_names_checkpoint,
 )
 from esiwrap.core.values import Answer, winner
-from esiwrap.envvars import COMMAND_ENV, LOG_FILE_ENV, PREFIX, STATUS_FILE_ENV
+from esiwrap.envvars import CHECKPOINT_PATH_ENV, COMMAND_ENV, LOG_FILE_ENV, PREFIX, STATUS_FILE_ENV
 from esiwrap.errors import (
     EXIT_FAILURE,
     EXIT_NO_DEADLINE,
@@ -51,7 +54,6 @@ if TYPE_CHECKING:
     from esiwrap.core.values import Deadline
     from esiwrap.integrations.ray_nodes import NodeAnswers
 
-SUBCOMMANDS = ("deadline", "report", "status", "systemd-unit")
 
 
 def fail(message: str, code: int = EXIT_USAGE) -> NoReturn:
@@ -133,6 +135,7 @@ def run(argv: Sequence[str], environ: Mapping[str, str]) -> int:
                       background=True)
     except OSError as exc:  # what the check above could not foresee (a full disk, a race)
         fail(f"{log_label} {log_file!r}: cannot open it ({exc.strerror or exc}); choose a writable file")
+    warn_upload_without_path(values["upload"])
     config = supervisor_config(command, values, run_id)
     sources = build_sources(values["sources"], values, environ, time.time())
     before_exit = None
@@ -142,6 +145,19 @@ def run(argv: Sequence[str], environ: Mapping[str, str]) -> int:
         before_exit = partial(slurm.requeue_expecting_sigterm, environ)
     return Supervisor(config, sources, environ, observe=observe_settings(values, environ),
                       before_checkpointed_exit=before_exit).run()
+
+
+def warn_upload_without_path(upload: str | None) -> None:
+    """An `--upload` command that names no checkpoint copies the same thing after every save: said
+    once, at the start (a script that reads ESIWRAP_CHECKPOINT_PATH itself is right to)."""
+    if upload is None or upload_names_checkpoint(upload):
+        return
+    from esiwrap import events
+    from esiwrap.shell.log import get_logger
+
+    get_logger().warning(events.UPLOAD_WITHOUT_PATH, upload=upload,
+                         fix=f"put {{path}} where the checkpoint goes (shell-quoted for you), or read "
+                         f"${CHECKPOINT_PATH_ENV} in the script; e.g. {UPLOAD_EXAMPLE}")
 
 
 def deadline_command(argv: Sequence[str], environ: Mapping[str, str]) -> int:
@@ -405,7 +421,25 @@ def _subcommand(name: str, argv: Sequence[str], environ: Mapping[str, str]) -> i
         return status_command(argv, environ)
     if name == "systemd-unit":
         return systemd_unit_command(argv, environ)
+    if name == "docs":
+        return docs_command(argv)
     fail(f"'{name}' is not available in this version")
+
+
+def docs_command(argv: Sequence[str]) -> int:
+    """`esiwrap docs`: where the documentation is (the checkout's docs/, the folder esiwrap was
+    installed from, or the package's Documentation URL), else what the terminal offers."""
+    from pathlib import Path
+
+    from esiwrap import __version__
+    from esiwrap.tools import docs
+
+    OptionParser(prog="esiwrap docs",
+                 description="Where esiwrap's documentation is: the docs/ folder of the checkout esiwrap "
+                 "runs from or was installed from (scripts/docs.sh there serves it as a site), else "
+                 "what to read instead. The wheel does not carry it.").parse_args(list(argv))
+    print(docs.render(docs.locate(Path(__file__).resolve().parent.parent), __version__), end="")
+    return EXIT_OK
 
 
 def build_report_parser() -> argparse.ArgumentParser:

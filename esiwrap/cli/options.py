@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from esiwrap import __version__
 from esiwrap.choices import AFTER_SAVE, LOG_FORMATS, LOG_LEVELS, ON_SIGTERM
 from esiwrap.core.policy import PolicyConfig
+from esiwrap.envvars import CHECKPOINT_PATH_ENV
 from esiwrap.errors import UsageError
 from esiwrap.optiontypes import (
     SECTIONS,
@@ -98,14 +99,56 @@ def _state_file(text: str) -> str:
     return path
 
 
+UPLOAD_EXAMPLE = "--upload 'aws s3 cp --recursive {path} s3://bucket/job/{step}/'"
+_CHECKPOINT_VARIABLE = re.compile(r"\$\{?" + CHECKPOINT_PATH_ENV + r"\b")
+
+
 def _upload_command(text: str) -> str:
+    """A shell command with `{path}` and `{step}`: refused when it is empty, when a brace or a quote
+    is left open (`cp {path /x/` would fail only at the first upload, as exit 74), or when it names
+    another placeholder."""
     command = text.strip()
+    if not command:
+        msg = f"empty command; e.g. {UPLOAD_EXAMPLE}"
+        raise ValueError(msg)
+    problem = _unbalanced_brace(command)
+    if problem is not None:
+        msg = f"{problem}: a placeholder is {{path}} or {{step}}; e.g. {UPLOAD_EXAMPLE}"
+        raise ValueError(msg)
     unknown = sorted({m for m in re.findall(r"(?<!\$)\{(\w*)\}", command) if m not in ("path", "step")})
     if unknown:
         msg = (f"unknown placeholder {{{unknown[0]}}}: the command may use {{path}} (the checkpoint, "
-               "shell-quoted) and {step}; e.g. --upload 'aws s3 cp --recursive {path} s3://bucket/job/{step}/'")
+               f"shell-quoted) and {{step}}; e.g. {UPLOAD_EXAMPLE}")
         raise ValueError(msg)
+    try:
+        shlex.split(command)
+    except ValueError as exc:  # "No closing quotation": /bin/sh would refuse it at every upload
+        msg = f"{str(exc).lower()}: close it, or quote the whole command once; e.g. {UPLOAD_EXAMPLE}"
+        raise ValueError(msg) from None
     return command
+
+
+def _unbalanced_brace(command: str) -> str | None:
+    """Where the braces of a command do not pair up (`{path` left open, a `}` with no `{`)."""
+    opened: list[int] = []
+    for at, char in enumerate(command):
+        if char == "{":
+            opened.append(at)
+        elif char == "}":
+            if not opened:
+                return f"a '}}' with no '{{' before it (character {at + 1})"
+            opened.pop()
+    if opened:
+        return f"unclosed '{{' (character {opened[-1] + 1})"
+    return None
+
+
+def upload_names_checkpoint(command: str) -> bool:
+    """The `--upload` command says which checkpoint to copy: `{path}`, or the variable the upload
+    command gets (`$ESIWRAP_CHECKPOINT_PATH`). Without either it copies the same thing each time:
+    right for a script that reads the variable itself or for a fixed directory, wrong otherwise
+    (`upload_without_path`)."""
+    return "{path}" in command or _CHECKPOINT_VARIABLE.search(command) is not None
 
 
 def _signal_parser(allowed: Sequence[str]) -> Callable[[str], int]:
@@ -145,7 +188,7 @@ RUN_OPTIONS = (
                "over the storage's probed speed): the insurance save then assumes this times "
                "`--unmeasured-factor`."),
     Option("--unmeasured-factor", _factor, 6.0, "6", "the safety factor on a guessed save time",
-           section="policy", value_name="FACTOR", see="policy.md",
+           section="policy", value_name="FACTOR", see="policy.md", advanced=True,
            doc="Until a save is measured (and with no prior), the insurance save assumes "
                "`--save-duration` × this, and an upload `--upload-duration` × this. A guess that is "
                "too short misses the deadline; one that is too long only takes the first checkpoint "
@@ -181,13 +224,15 @@ RUN_OPTIONS = (
                "after) to the checkpoint directory's filesystem, from a thread of esiwrap's own, so "
                "that the first save is planned from the checkpoint's size over this speed "
                "(`storage_probed`)."),
-    Option("--upload", _upload_command, None, "'aws s3 cp --recursive {path} s3://bucket/job/{step}/'",
+    Option("--upload", _upload_command, None, UPLOAD_EXAMPLE.removeprefix("--upload "),
            "copy each checkpoint off the instance", section="uploads", value_name="CMD",
            see="uploads-and-resumes.md#uploads-exit-75-means-resumable-elsewhere",
            doc="After each completed save, run this shell command with `{path}` (the checkpoint, "
                "shell-quoted) and `{step}`; exit status 0 means uploaded. The upload counts in the "
                "plan: exit 75 only once the last checkpoint's upload completed, 74 when it did "
-               "not."),
+               "not. An empty command, a brace or a quote left open, or another placeholder is "
+               "exit 2 before the command starts; a command that names neither `{path}` nor "
+               "`$ESIWRAP_CHECKPOINT_PATH` is a warning at the start (`upload_without_path`)."),
     Option("--upload-duration", seconds, 60.0, "600", "upload time guessed until one is measured",
            section="uploads", see="uploads-and-resumes.md#uploads-exit-75-means-resumable-elsewhere",
            doc="Until an upload is measured (in this run, or by an earlier one in `--state-file`), "
@@ -197,10 +242,10 @@ RUN_OPTIONS = (
            doc="No `checkpoint_not_durable` warning for a checkpoint on a local disk: for a "
                "persistent volume that moves with the job, or a machine that runs the next run too."),
     Option("--step-window", positive_int, 100, "100", "step intervals remembered", section="policy",
-           see="policy.md", value_name="N",
+           see="policy.md", value_name="N", advanced=True,
            doc="How many recent boundary-to-boundary step intervals the step estimate is taken from."),
     Option("--step-quantile", _quantile, 0.99, "0.99 or max", "quantile of the window taken as a step",
-           section="policy", see="policy.md", value_name="Q",
+           section="policy", see="policy.md", value_name="Q", advanced=True,
            doc="The quantile of the step window the insurance save's step estimate is (`max`: the "
                "longest). Final saves take the quantile that gives the most expected progress."),
     Option("--final-save", boolean, True, "true", "keep training after the insurance save",
@@ -239,12 +284,12 @@ RUN_OPTIONS = (
                "`ESIWRAP_SIGNAL`. SIGUSR2 for stacks that use SIGUSR1 themselves (Lightning's Slurm "
                "auto-requeue)."),
     Option("--signal-child", boolean, False, "true", "signal the direct child, which handles it",
-           section="stopping", see="trainer.md",
+           section="stopping", see="trainer.md", advanced=True,
            doc="Also send the save signal to the direct child when it handles the signal itself "
                "without the trainer library (no hello)."),
     Option("--stop-signal", _signal_parser(STOP_SIGNALS), int(signal.SIGTERM), "SIGTERM",
            "first signal of the stop sequence", STOP_SIGNALS, show=signal_label, section="stopping",
-           see="reference/signals.md#the-stop-sequence", value_name="SIG",
+           see="reference/signals.md#the-stop-sequence", value_name="SIG", advanced=True,
            doc="Sent to the child to stop it (a trainer may ask for another in its hello: a Ray "
                "driver asks for SIGINT); then SIGTERM to what is left of its tree, and SIGKILL after "
                "`--stop-grace`."),
@@ -279,7 +324,7 @@ OBSERVE_OPTIONS = (
                "port (logged as `metrics_serving`). A port in use is exit 2 before the command "
                "starts."),
     Option("--metrics-address", _address, "127.0.0.1", "0.0.0.0", "where the metrics port listens",
-           section="observe", see="observe/metrics.md", value_name="ADDR",
+           section="observe", see="observe/metrics.md", value_name="ADDR", advanced=True,
            doc="A numeric IPv4 or IPv6 address (`0.0.0.0`, `::` for every interface) or `localhost`."),
     Option("--status-file", _status_file, "auto", "/run/esiwrap/job.json", "where `esiwrap status` finds it",
            section="observe", see="observe/metrics.md#esiwrap-status", value_name="PATH|auto|none",
@@ -372,7 +417,27 @@ def config_with(settings: Mapping[str, Any], options: str) -> ControllerConfig:
 
 # ---------------------------------------------------------------------------------- argparse
 HELP_ALL = "--help-all"
-DOCS_URL_HINT = "docs/reference/options.md"  # the options reference, in the repository and on the site
+SUBCOMMANDS = ("deadline", "report", "status", "systemd-unit", "docs")
+DOCS_COMMAND = "esiwrap docs"  # where the documentation is, however esiwrap was installed
+# What most runs set (docs/getting-started.md: the deadline or its source, then the state file, the
+# upload and the log on storage that outlives the instance), first in `esiwrap --help`.
+START_HERE = ("--deadline", "--sources", "--state-file", "--upload", "--log-file")
+_SECTION = {section.key: section for section in SECTIONS}
+EXIT_CODES = ("Exit codes: the child's own; 75 stopped after a completed checkpoint (with --upload: and "
+              "its upload); 74 with --upload, the last checkpoint is complete on local storage only (its "
+              "upload did not finish); 76 no acknowledged checkpoint before the deadline; 78 not "
+              "started, the job's last runs made no progress (--max-no-progress-runs); 2 usage; "
+              "126/127 command not executable/not found; 1 esiwrap failed.")
+SHORT_EXIT_CODES = ("Exit: the child's own; 75 checkpointed, resume elsewhere (--upload: once uploaded); "
+                    "74 checkpointed, its upload unfinished; 76 no checkpoint before the deadline; 78 not "
+                    "started: no progress in the last runs; 2 usage; 126/127 not executable/found; 1 "
+                    "esiwrap failed.")
+
+
+def in_short_help(opt: Option) -> bool:
+    """Listed by `esiwrap --help`: neither a platform's own setting nor a knob the defaults fit
+    (those are in `--help-all`)."""
+    return _SECTION[opt.section].in_help and not opt.advanced
 
 
 class OptionParser(argparse.ArgumentParser):
@@ -400,6 +465,15 @@ class _Formatter(argparse.HelpFormatter):
         if isinstance(action, _Switch) and len(action.option_strings) == 2:
             return "--[no-]" + action.option_strings[0][2:]  # --[no-]final-save
         return super()._format_action_invocation(action)
+
+
+class _ShortFormatter(_Formatter):
+    """`esiwrap --help`: the help column close enough to the flags that a line and its default fit
+    80 columns (a longer flag puts its help on the next line)."""
+
+    def __init__(self, prog: str) -> None:
+        width = _terminal_columns() - 1
+        argparse.HelpFormatter.__init__(self, prog, width=width, max_help_position=min(32, width // 2))
 
 
 class _DescribedFormatter(_Formatter):
@@ -450,20 +524,28 @@ def plain_text(markdown: str) -> str:
     return re.sub(r"\[([^\]]+)\]\([^)]*\)", r"\1", markdown).replace("`", "")
 
 
+def has_default(opt: Option) -> bool:
+    """A default worth a word (`--deadline`'s none is no value at all; `--interruption-rate`'s
+    `auto` is one)."""
+    return opt.default is not None or opt.show is not None
+
+
 def option_help(opt: Option, *, full: bool) -> str:
-    """The short line (`--help`), or the line, the description, the variable and the default."""
+    """The short line with the default in brackets (`--help`), or the line, the description, the
+    variable and the default."""
     if not full:
-        return opt.help.replace("%", "%%")
+        text = f"{opt.help} [{opt.default_text}]" if has_default(opt) else opt.help
+        return text.replace("%", "%%")
     text = f"{opt.help}. {plain_text(opt.doc)} [env {opt.env}; default {opt.default_text}]"
     return text.replace("%", "%%")
 
 
 def add_options(parser: argparse.ArgumentParser | argparse._ArgumentGroup, options: Sequence[Option],
-                *, full: bool = True) -> None:
+                *, full: bool = True, listed: bool = True) -> None:
     """Each option as a flag with its help (`full`: also its description, variable and default); a
-    boolean also as --no-X, in the same entry."""
+    boolean also as --no-X, in the same entry. Not `listed`: parsed all the same, shown nowhere."""
     for opt in options:
-        text = option_help(opt, full=full)
+        text = option_help(opt, full=full) if listed else argparse.SUPPRESS
         if opt.flag in BOOLEAN_FLAGS:
             negative = "--no-" + opt.flag[2:]
             if opt.flag in QUIET_NEGATIVES:  # off by default: --no-X works, but says nothing new
@@ -476,29 +558,44 @@ def add_options(parser: argparse.ArgumentParser | argparse._ArgumentGroup, optio
 
 
 def build_run_parser(*, full: bool = False) -> argparse.ArgumentParser:
-    """`esiwrap [OPTIONS] -- COMMAND`: every run option in its section's group, `--version`,
-    `--help-all` and the command. `full`: the help `--help-all` prints."""
+    """`esiwrap [OPTIONS] -- COMMAND`: every run option, `--version`, `--help-all` and the command.
+    Its help (`esiwrap --help`, one screen): the options most runs set first (`START_HERE`), then
+    each section's others but the platforms' own settings and the `advanced` knobs, each with its
+    default. `full`: the help `--help-all` prints, every option in its section, described."""
+    def listed(text: str) -> str:  # --help names these in its usage lines instead
+        return text if full else argparse.SUPPRESS
+
     parser = OptionParser(
         prog="esiwrap",
-        formatter_class=_DescribedFormatter if full else _Formatter,
+        add_help=False,
+        formatter_class=_DescribedFormatter if full else _ShortFormatter,
         usage="esiwrap [OPTIONS] -- COMMAND [ARGS...]\n"
-        "       esiwrap {deadline,report,status,systemd-unit} ...",
+        f"       esiwrap {{{','.join(SUBCOMMANDS)}}} ...\n"
+        f"       esiwrap {HELP_ALL} | --version",
         description="Run COMMAND and checkpoint it at the last safe moment before the capacity it "
-        "runs on is reclaimed. Exit codes: the child's own; 75 stopped after a completed "
-        "checkpoint (with --upload: and its upload); 74 with --upload, the last checkpoint is complete "
-        "on local storage only (its upload did not finish); 76 no acknowledged checkpoint before the "
-        "deadline; 78 not started, the job's last runs made no progress (--max-no-progress-runs); "
-        "2 usage; 126/127 command not executable/not found; 1 esiwrap failed.",
-        epilog="Every option is also a variable, ESIWRAP_<NAME> (--stop-grace 60 is "
-        "ESIWRAP_STOP_GRACE=60); the flag wins. "
-        + ("" if full else f"{HELP_ALL} lists every option with its description, variable and default. ")
-        + f"All of it, with examples: {DOCS_URL_HINT}.",
+        "runs on is reclaimed." + (f" {EXIT_CODES}" if full else ""),
+        epilog=f"Every option is also a variable, ESIWRAP_<NAME> (--stop-grace 60 is "
+        f"ESIWRAP_STOP_GRACE=60); the flag wins. All of it, with examples: {DOCS_COMMAND}." if full else
+        f"{SHORT_EXIT_CODES} In [brackets]: the default. Every option is also ESIWRAP_<NAME>; {HELP_ALL} "
+        f"describes each, the platforms' settings too; {DOCS_COMMAND} says where the documentation is.",
     )
-    parser.add_argument("--version", action="version", version=f"esiwrap {__version__}")
+    parser.add_argument("-h", "--help", action="help", help=listed("show this help message and exit"))
+    parser.add_argument("--version", action="version", version=f"esiwrap {__version__}",
+                        help=listed("show program's version number and exit"))
     parser.add_argument(HELP_ALL, action=_HelpAll,
-                        help="every option, described, with its variable and default")
+                        help=listed("every option, described, with its variable and default"))
+    if not full:
+        start = parser.add_argument_group("start here")
+        add_options(start, [opt for flag in START_HERE for opt in ALL_RUN_OPTIONS if opt.flag == flag],
+                    full=False)
     for section in SECTIONS:
-        group = parser.add_argument_group(section.title, section.summary if full else None)
-        add_options(group, [opt for opt in ALL_RUN_OPTIONS if opt.section == section.key], full=full)
-    parser.add_argument("command", nargs=argparse.REMAINDER, help="the training command")
+        options = [opt for opt in ALL_RUN_OPTIONS if opt.section == section.key]
+        if full:
+            add_options(parser.add_argument_group(section.title, section.summary), options)
+            continue
+        shown = [opt for opt in options if in_short_help(opt) and opt.flag not in START_HERE]
+        if shown:
+            add_options(parser.add_argument_group(section.title), shown, full=False)
+        add_options(parser, [opt for opt in options if not in_short_help(opt)], listed=False)
+    parser.add_argument("command", nargs=argparse.REMAINDER, help=listed("the training command"))
     return parser

@@ -20,6 +20,13 @@ imports its development renderer (and `rich` when installed) and asyncio, about 
 what the rest of a supervised run's start-up costs. structlog's `ConsoleRenderer` still draws the
 readable console format, imported only when that format is used. `capture_logs()` is the test
 helper, shaped like `structlog.testing.capture_logs`.
+
+The console format fits a terminal: a value longer than FOLD_CHARS (the run's settings, a long
+command line) is cut to its first entries and how many more there are (`… +17 more`), and each
+entry is wrapped at the terminal's width (its columns; else `$COLUMNS`; not wrapped when neither
+is known), continued on lines indented by four spaces; the run's id is on its first entry only.
+The JSON lines (`--log-file`, the journal, `--log-format json`) always hold every value whole, and
+the run's id on every line.
 """
 
 from __future__ import annotations
@@ -43,6 +50,10 @@ SYSLOG_PRIORITY = {"debug": 7, "info": 6, "warning": 4, "error": 3, "critical": 
 _FIRST_KEYS = ("timestamp", "level", "event", "run_id")
 MAX_QUEUED = 100_000  # lines waiting for a blocked console or log file (a few tens of MB at most)
 EXIT_FLUSH_S = 5.0  # how long leaving waits for the lines still queued
+FOLD_CHARS = 400  # a console value longer than this is cut (about five lines of 80 columns)
+FOLD_KEEP_CHARS = 120  # ...to what fits in this much, and how much more there is
+CONTINUATION = "    "  # how the console's wrapped lines of an entry begin
+EVENT_COLUMN = 22  # the console pads event names to this width (structlog's default is 30)
 
 Entry = dict[str, Any]
 
@@ -114,23 +125,84 @@ class _Lines:
                 self._cond.notify_all()
 
 
+class _Folded:
+    """A value as the console shows it when it is too long: its repr is the shortened text."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+def fold(value: Any) -> Any:
+    """`value`, or for the console a shorter stand-in when its text is longer than FOLD_CHARS:
+    the first entries of a dict or list and how many more, the start of a text and how much
+    more."""
+    text = value if isinstance(value, str) else repr(value)
+    if len(text) <= FOLD_CHARS:
+        return value
+    if isinstance(value, dict):
+        items = [f"{key!r}: {item!r}" for key, item in value.items()]
+        return _Folded("{" + _first_of(items) + "}")
+    if isinstance(value, (list, tuple)):
+        return _Folded("[" + _first_of([repr(item) for item in value]) + "]")
+    return _Folded(repr(text[:FOLD_KEEP_CHARS]) + f"… (+{len(text) - FOLD_KEEP_CHARS} characters)")
+
+
+def _first_of(items: list[str]) -> str:
+    shown: list[str] = []
+    size = 0
+    for item in items:
+        if shown and size + len(item) > FOLD_KEEP_CHARS:
+            break
+        shown.append(item)
+        size += len(item) + 2
+    return ", ".join([*shown, f"… +{len(items) - len(shown)} more"])
+
+
+def wrap(text: str, width: int | None) -> str:
+    """An entry's first line (a traceback below it stays as it is) in lines of at most `width`
+    columns, the later ones indented (`CONTINUATION`); as it is when `width` is None."""
+    first, newline, rest = text.partition("\n")
+    if width is None or len(first) <= width:
+        return text
+    import textwrap
+
+    lines = textwrap.wrap(first, width, subsequent_indent=CONTINUATION, break_on_hyphens=False)
+    return "\n".join(lines) + newline + rest
+
+
+def console_width(stream: IO[str], environ: Mapping[str, str]) -> int | None:
+    """The columns of the terminal `stream` is, else `$COLUMNS`, else None (not wrapped)."""
+    try:
+        if stream.isatty():
+            return max(40, os.get_terminal_size(stream.fileno()).columns)
+    except (OSError, ValueError, AttributeError):
+        pass
+    columns = environ.get("COLUMNS", "").strip()
+    return max(40, int(columns)) if columns.isdigit() else None
+
+
 class _Sink:
     """Where events go: the console (JSON, readable text, or the journal) and an optional file;
     with `background`, written by a thread of their own (`_Lines`)."""
 
     def __init__(self, run_id: str | None, level: str, console: IO[str], file: IO[str] | None,
-                 fmt: LogFormat, journal: bool, background: bool = False) -> None:
+                 fmt: LogFormat, journal: bool, background: bool = False, width: int | None = None) -> None:
         self.run_id = run_id
         self.threshold = SEVERITY.get(level, SEVERITY["info"])
         self.console = console
         self.file = file
         self.journal = journal
         self.lines = _Lines(console, file) if background else None
+        self.width = width  # the console format's: wrapped to it (None: not wrapped)
+        self._run_id_shown = False  # the console format names the run on its first entry only
         self._text: Callable[..., Any] | None = None
         if fmt == "console" and not journal:
             from structlog.dev import ConsoleRenderer  # pulls rich when installed: only here
 
-            self._text = ConsoleRenderer(colors=False)
+            self._text = ConsoleRenderer(colors=False, pad_event_to=EVENT_COLUMN)
 
     def emit(self, level: str, event: str, fields: dict[str, Any]) -> None:
         if SEVERITY[level] < self.threshold:
@@ -146,7 +218,11 @@ class _Sink:
         if self.journal:
             text = f"<{SYSLOG_PRIORITY[level]}>{line}"
         elif self._text is not None:
-            text = str(self._text(None, level, dict(entry)))
+            shown = {key: value if key in _FIRST_KEYS else fold(value) for key, value in entry.items()}
+            if self._run_id_shown:
+                shown.pop("run_id", None)
+            self._run_id_shown = self._run_id_shown or "run_id" in shown
+            text = wrap(str(self._text(None, level, shown)), self.width)
         else:
             text = line
         if self.lines is not None:
@@ -269,7 +345,8 @@ def configure(
     elif fmt is None:
         fmt = "console" if console_stream.isatty() else "json"
     file = open(log_file, "a", encoding="utf-8", buffering=1) if log_file else None  # noqa: SIM115
-    _sink = _Sink(run_id, level, console_stream, file, fmt, journal, background)
+    width = console_width(console_stream, os.environ if environ is None else environ)
+    _sink = _Sink(run_id, level, console_stream, file, fmt, journal, background, width)
     if background:
         atexit.register(flush)  # `python -m esiwrap`; the executable flushes before os._exit
 

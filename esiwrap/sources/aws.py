@@ -14,7 +14,7 @@ METADATA_URL_DEFAULT = "http://169.254.169.254"
 NAMES: tuple[str, ...] = ("aws-spot",)
 METADATA_URL = Option(
     "--aws-metadata-url", metadata_url, METADATA_URL_DEFAULT, METADATA_URL_DEFAULT,
-    "AWS instance metadata service", section="deadline", see="platforms/aws.md", value_name="URL",
+    "AWS instance metadata service", section="platforms", see="platforms/aws.md", value_name="URL",
     doc="Where `aws-spot` polls the spot interruption notice and the rebalance recommendation and "
         "reads the instance's life cycle, with AWS's IMDSv2 tokens. Plain HTTP.")
 OPTIONS: tuple[Option, ...] = (METADATA_URL,)

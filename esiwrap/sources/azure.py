@@ -15,12 +15,12 @@ NAMES: tuple[str, ...] = ("azure",)
 PAGE = "platforms/azure.md"
 METADATA_URL = Option(
     "--azure-metadata-url", metadata_url, METADATA_URL_DEFAULT, METADATA_URL_DEFAULT,
-    "Azure instance metadata service", section="deadline", see=PAGE, value_name="URL",
+    "Azure instance metadata service", section="platforms", see=PAGE, value_name="URL",
     doc="Where `azure` reads this VM's name and priority and polls its Scheduled Events, with the "
         "header `Metadata: true`. Plain HTTP.")
 ACK = Option(
     "--azure-ack", boolean, False, "true", "approve Azure events after a checkpoint",
-    section="deadline", see=PAGE + "#azure-ack",
+    section="platforms", see=PAGE + "#azure-ack",
     doc="Once the run stopped with a complete checkpoint (exit 75, the child's tree gone), approve "
         "this VM's pending scheduled events (`StartRequests`), so a reboot or redeploy starts "
         "without waiting for `NotBefore`; logged as `capacity_released`. An event that also names "

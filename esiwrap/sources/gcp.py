@@ -16,12 +16,12 @@ NAMES: tuple[str, ...] = ("gcp",)
 PAGE = "platforms/gcp.md"
 METADATA_URL = Option(
     "--gcp-metadata-url", metadata_url, METADATA_URL_DEFAULT, METADATA_URL_DEFAULT,
-    "Compute Engine metadata server", section="deadline", see=PAGE, value_name="URL",
+    "Compute Engine metadata server", section="platforms", see=PAGE, value_name="URL",
     doc="Where `gcp` watches `instance/preempted` and `instance/maintenance-event`, with the header "
         "`Metadata-Flavor: Google`. Plain HTTP.")
 MAINTENANCE_NOTICE = Option(
     "--gcp-maintenance-notice", seconds, MAINTENANCE_NOTICE_S, "60", "notice before GCP host maintenance",
-    section="deadline", see=PAGE,
+    section="platforms", see=PAGE,
     doc="Seconds from a `TERMINATE_ON_HOST_MAINTENANCE` notice to the stop. Google gives ordinary "
         "VMs 60 s and GPU VMs an hour: on a GPU VM, `3600` trains on until the last safe moment.")
 OPTIONS: tuple[Option, ...] = (METADATA_URL, MAINTENANCE_NOTICE)

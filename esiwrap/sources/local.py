@@ -15,10 +15,13 @@ from esiwrap.times import TimeParseError, implausible, parse_epoch, parse_when
 MLP_VAR = "MLP_CURRENT_CAPACITY_BLOCK_EXPIRATION_TIMESTAMP"
 SAGEMAKER_VAR = "SAGEMAKER_CURRENT_CAPACITY_BLOCK_EXPIRATION_TIMESTAMP"
 
-NAMES: tuple[str, ...] = ("cli", "env")
+MLP_SOURCE = "env:MLP"
+SAGEMAKER_SOURCE = "env:SAGEMAKER"
+# `env` is both variables; each is also a name of its own, the one its answers carry
+NAMES: tuple[str, ...] = ("cli", "env", MLP_SOURCE, SAGEMAKER_SOURCE)
 SAGEMAKER_LEAD = Option(
     "--sagemaker-lead", seconds, 1800.0, "1800", "subtracted from a SageMaker block's end",
-    section="deadline", see="platforms/sagemaker.md",
+    section="platforms", see="platforms/sagemaker.md",
     doc=f"SageMaker and EC2 capacity blocks begin terminating 30 minutes before the end time in "
         f"`{SAGEMAKER_VAR}`: this much is subtracted from it (source `env:SAGEMAKER`) and logged as "
         f"`lead_s`.")
@@ -28,7 +31,8 @@ OPTIONS: tuple[Option, ...] = (SAGEMAKER_LEAD,)  # `--deadline` is the registry'
 def build(name: str, setup: SourceSetup) -> list[Source]:
     if name == "cli":
         return [CliSource(setup.deadline, setup.anchor)] if setup.deadline is not None else []
-    return list(env_sources(setup.environ, setup.values[SAGEMAKER_LEAD.dest]))
+    sources = env_sources(setup.environ, setup.values[SAGEMAKER_LEAD.dest])
+    return [source for source in sources if name in ("env", source.name)]
 
 
 @dataclass
@@ -83,8 +87,9 @@ class EnvSource:
 
 
 def env_sources(environ: Mapping[str, str], sagemaker_lead_s: float) -> list[EnvSource]:
-    """The `env` entry of `--sources`: Volcengine ML platform, then SageMaker capacity blocks."""
+    """The `env` entry of `--sources`: Volcengine ML platform, then SageMaker capacity blocks
+    (`env:MLP` and `env:SAGEMAKER` name one each)."""
     return [
-        EnvSource(MLP_VAR, environ, "env:MLP"),
-        EnvSource(SAGEMAKER_VAR, environ, "env:SAGEMAKER", lead_s=sagemaker_lead_s),
+        EnvSource(MLP_VAR, environ, MLP_SOURCE),
+        EnvSource(SAGEMAKER_VAR, environ, SAGEMAKER_SOURCE, lead_s=sagemaker_lead_s),
     ]

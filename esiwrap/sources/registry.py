@@ -3,7 +3,8 @@ list `--sources` names.
 
 A source module (`local`, `slurm`, `volcengine`, `aws`, `azure`, `gcp`) declares, beside its sources:
 
-    NAMES    the words of `--sources` it provides, e.g. ("aws-spot",)
+    NAMES    the words of `--sources` it provides, e.g. ("aws-spot",): every name its sources
+             report themselves as (`Answer.source`, what every output shows) is one of them
     OPTIONS  its own run options (`esiwrap.optiontypes.Option`), e.g. `--aws-metadata-url`; read
              by the command line, `--help`, `ESIWRAP_<NAME>`, the systemd job file
     build(name, setup) -> [Source]   its sources for one name, from `SourceSetup` (the resolved
@@ -38,6 +39,7 @@ class SourceModule(Protocol):
 SOURCE_MODULES: tuple[SourceModule, ...] = (local, slurm, volcengine, aws, azure, gcp)
 BY_NAME: dict[str, SourceModule] = {name: module for module in SOURCE_MODULES for name in module.NAMES}
 KNOWN_SOURCES = tuple(BY_NAME)
+_SPELLED = {name.lower(): name for name in KNOWN_SOURCES}  # `--sources` is read in any case
 OPTIONS: tuple[Option, ...] = tuple(opt for module in SOURCE_MODULES for opt in module.OPTIONS)
 # volcengine-spot is on by default: it asks the same metadata service as `volcengine`, so it adds
 # no new address, and a spot notice is the shortest warning there is. aws-spot and azure are
@@ -49,8 +51,11 @@ DEFAULT_SOURCES = ("cli", "env", "slurm", "volcengine", "volcengine-spot")
 
 
 def parse_source_names(text: str) -> list[str]:
-    names = [part.strip().lower() for part in text.split(",") if part.strip()]
-    unknown = [name for name in names if name not in BY_NAME]
+    """The names of a `--sources` list, each as its source reports itself (`env:mlp` is `env:MLP`),
+    in order, each once."""
+    given = [part.strip() for part in text.split(",") if part.strip()]
+    unknown = [name for name in given if name.lower() not in _SPELLED]
+    names = list(dict.fromkeys(_SPELLED[name.lower()] for name in given if name.lower() in _SPELLED))
     if unknown or not names:
         bad = ",".join(unknown) or repr(text)
         msg = f"--sources {bad}: unknown source; choose from {','.join(KNOWN_SOURCES)}, e.g. cli,env"
@@ -72,7 +77,11 @@ def build_sources(
     if deadline is not None and "cli" in names:
         return [CliSource(deadline, anchor)]
     setup = SourceSetup(values, environ, anchor, deadline, values["refresh"], shared={}, explain=explain)
-    return [source for name in names for source in BY_NAME[name].build(name, setup)]
+    sources: dict[str, Source] = {}  # `env,env:MLP` asks the variable once
+    for name in names:
+        for source in BY_NAME[name].build(name, setup):
+            sources.setdefault(source.name, source)
+    return list(sources.values())
 
 
 # ---------------------------------------------------------------------------------- the options
@@ -101,12 +110,14 @@ SOURCE_OPTIONS = (
            "ordered deadline sources",
            section="deadline", see="deadline-sources.md", value_name="LIST",
            doc=f"Where to look, in order (`esiwrap deadline` shows what each one says); the earliest "
-               f"deadline among those that answer wins. Known: {', '.join(f'`{n}`' for n in KNOWN_SOURCES)}. "
+               f"deadline among those that answer wins. Known: {', '.join(f'`{n}`' for n in KNOWN_SOURCES)}: "
+               f"each name every output gives a source (`env` is both `env:MLP` and "
+               f"`env:SAGEMAKER`; either alone asks only its variable). "
                f"`aws-spot`, `azure` and `gcp` are not on by default (they would probe a metadata "
                f"address from every machine of another cloud or none); `slurm` only starts inside a "
                f"Slurm job."),
     Option("--refresh", seconds, 300.0, "300", "seconds between deadline look-ups", section="deadline",
-           see="deadline-sources.md",
+           see="deadline-sources.md", advanced=True,
            doc="How often the sources whose answer can change are asked again: the ECS OpenAPI's "
                "`AutoReleaseAt`, Slurm's end time (at most every 60 s there). Spot notices have a 5 s "
                "poll of their own, which backs off up to this when the service does not answer."),

@@ -52,7 +52,7 @@ NOT_IN_SLURM = f"not in a Slurm job ({JOB_ID_ENV} is not set)"
 NAMES: tuple[str, ...] = ("slurm",)
 REQUEUE = Option(
     "--slurm-requeue", boolean, False, "true", "requeue the Slurm job after its checkpoint",
-    section="deadline", see="platforms/slurm.md#requeue",
+    section="platforms", see="platforms/slurm.md#requeue",
     doc="In a Slurm job, after a stop with a completed checkpoint, once the trainer is gone: "
         "`scontrol requeue` the job (an array task as `<array job id>_<task id>`) while it is "
         "still running or ending on its time limit, then exit 75 (`slurm_requeued`). A job someone "

@@ -20,23 +20,23 @@ NAMES: tuple[str, ...] = ("volcengine", "volcengine-spot")
 PAGE = "platforms/volcengine.md"
 ENDPOINT = Option(
     "--volcengine-endpoint", host_or_url, None, "https://ecs.cn-beijing.volcengineapi.com",
-    "ECS OpenAPI endpoint (host or URL)", section="deadline", see=PAGE, value_name="URL",
+    "ECS OpenAPI endpoint (host or URL)", section="platforms", see=PAGE, value_name="URL",
     doc="Where `volcengine` asks `DescribeInstances` and `DescribeScheduledInstances`: a host name "
         "or an `http(s)://` URL. Default: the SDK's endpoint for the region.")
 REGION = Option(
-    "--volcengine-region", as_given, None, "cn-beijing", "ECS region", section="deadline", see=PAGE,
+    "--volcengine-region", as_given, None, "cn-beijing", "ECS region", section="platforms", see=PAGE,
     value_name="REGION",
     doc=f"The region of the ECS OpenAPI. Default: `{REGION_ENV}`, else the metadata service's "
         f"`region_id`.")
 TIMEOUT = Option(
     "--volcengine-timeout", seconds, 5.0, "5", "ECS OpenAPI read timeout per attempt",
-    section="deadline", see=PAGE,
+    section="platforms", see=PAGE,
     doc="Each ECS OpenAPI call is tried up to three times (two retries with backoff), each attempt "
         "with this read timeout; a failure is one `deadline_unavailable` line, and the next "
         "`--refresh` tries again.")
 METADATA_URL = Option(
     "--metadata-url", metadata_url, METADATA_URL_DEFAULT, METADATA_URL_DEFAULT,
-    "Volcengine instance metadata service", section="deadline", see=PAGE, value_name="URL",
+    "Volcengine instance metadata service", section="platforms", see=PAGE, value_name="URL",
     doc="Where `volcengine` reads the instance id and region and `volcengine-spot` polls the spot "
         "interruption notice, with IMDSv2 tokens. Plain HTTP.")
 OPTIONS: tuple[Option, ...] = (ENDPOINT, REGION, TIMEOUT, METADATA_URL)

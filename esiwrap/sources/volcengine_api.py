@@ -24,7 +24,8 @@ from esiwrap.times import TimeParseError, implausible, parse_iso
 
 INSTANCE_ID_PATH = "/latest/instance_id"
 REGION_PATH = "/latest/region_id"  # Volcengine's metadata item list: region_id
-INSTALL_HINT = "the Volcengine SDK is not installed; pip install 'esiwrap[volcengine]'"
+INSTALL_HINT = ("the Volcengine SDK is not installed; pip install volcenginesdk-ecs volcenginesdk-core "
+                "(the volcengine extra)")
 PERMISSIONS = "ecs:DescribeInstances and ecs:DescribeScheduledInstances"
 DENIED_CODES = frozenset({"AccessDenied", "UnauthorizedOperation", "LackPolicy", "Forbidden",
                           "NoPermission", "OperationDenied.NoPermission"})

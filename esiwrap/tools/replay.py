@@ -38,7 +38,9 @@ class DeadlineChange:
 
 @dataclass(frozen=True)
 class Trace:
-    """One run: step k (1-based) takes steps[k-1]; a save at its boundary takes saves[k-1]."""
+    """One run: its i-th step (1-based) takes steps[i-1], and a save at that step's boundary takes
+    saves[i-1]. Its steps are numbered from `start_step` + 1: a run resumed from the checkpoint of
+    step 49 makes steps 50, 51, ... (every step number below is the trainer's own)."""
 
     family: str
     steps: list[float]
@@ -62,16 +64,35 @@ class Trace:
     prior_uploads: tuple[float, ...] = ()  # the previous run's state file: measured uploads
     prior_runs: tuple[RunRecord, ...] = ()  # ...and the job's history of runs (`esiwrap.core.history`)
     prior_runs_at: float = 0.0  # when this run starts, on the history's clock
+    start_step: int = 0  # the step the trainer resumed from (0: from scratch); its first is the next
+
+    def index(self, step: int) -> int:
+        """Where step number `step` is in the lists (`steps`, `saves`, `uploads`)."""
+        return step - self.start_step - 1
+
+    def step_number(self, index: int) -> int:
+        """The step number of the lists' entry `index`."""
+        return self.start_step + index + 1
+
+    def save_s(self, step: int) -> float:
+        """How long a save at this step's boundary takes."""
+        return self.saves[self.index(step)]
+
+    def upload_s(self, step: int) -> float:
+        """`--upload`: how long the upload of this step's checkpoint takes."""
+        assert self.uploads is not None
+        return self.uploads[self.index(step)]
 
     def blocking_s(self, step: int) -> float:
         """How long a save at this step's boundary stops training."""
-        return self.saves[step - 1] if self.blocking is None else self.blocking[step - 1]
+        return self.save_s(step) if self.blocking is None else self.blocking[self.index(step)]
 
     def own_save(self, step: int) -> bool:
         return self.own_save_every > 0 and step % self.own_save_every == 0
 
     def boundaries(self) -> list[float]:
-        """End of every step on the training clock (no saves in between): the progress made."""
+        """End of every step on the training clock (no saves in between): the progress made, by
+        the lists' index (`index`)."""
         out, total = [], 0.0
         for duration in self.steps:
             total += duration
@@ -124,7 +145,7 @@ class Tally:
         self.saves += 1
         resumes = at + self.trace.blocking_s(step)
         self.saving_s += max(0.0, min(resumes, self.trace.reclaim_at) - at)
-        return Write(step, at, resumes, at + self.trace.saves[step - 1], kind)
+        return Write(step, at, resumes, at + self.trace.save_s(step), kind)
 
     def durable(self, write: Write) -> bool:
         """The write is on disk if it ended before reclamation; then it holds its step."""
@@ -153,7 +174,7 @@ class Tally:
         self.saving_s -= max(0.0, counted - min(stopped_at, write.resumes))
 
     def outcome(self) -> Outcome:
-        progress = self.progress[self.saved_step - 1] if self.saved_step is not None else 0.0
+        progress = self.progress[self.trace.index(self.saved_step)] if self.saved_step is not None else 0.0
         return Outcome(self.saved_step, progress, self.trace.reclaim_at, self.saves, self.saving_s,
                        tuple(self.completed), self.trace.surprised, self.uploading_s)
 
@@ -187,8 +208,7 @@ class UploadLine:
         self.advance(math.inf)
 
     def _start(self, step: int, at: float) -> None:
-        assert self.trace.uploads is not None
-        self.running = (step, at, at + self.trace.uploads[step - 1])
+        self.running = (step, at, at + self.trace.upload_s(step))
 
 
 TRAINER_PID = 1000  # the simulated trainer is the direct child and says hello at once
@@ -266,7 +286,7 @@ class _Shell(Effects):
     def start_upload(self, action: core.StartUpload) -> None:
         if self.trace.uploads is not None:
             began = self.now
-            self.upload = (action.step, began, began + self.trace.uploads[action.step - 1])
+            self.upload = (action.step, began, began + self.trace.upload_s(action.step))
             self.runner.feed(core.UploadStarted(UPLOAD_PID))
 
     def stop_upload(self, action: core.StopUpload) -> None:
@@ -369,7 +389,8 @@ def replay(trace: Trace, config: PolicyConfig | ControllerConfig) -> Outcome:
         full = replace(full, policy=replace(full.policy, uploads=True))
     shell = _Shell(trace, full, tally)
     last_boundary = 0.0
-    for step, duration in enumerate(trace.steps, start=1):
+    for index, duration in enumerate(trace.steps):
+        step = trace.step_number(index)
         boundary = shell.now + duration
         shell.advance(boundary)  # a signal sent by now is seen at this boundary
         if boundary > trace.reclaim_at or shell.stopped:
