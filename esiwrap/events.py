@@ -99,9 +99,11 @@ TRAINER_ATTACHED = _event(
     "pid, rank, world_size, saves, integration, … (with checkpoint_bytes, checkpoint_dir, "
     "resumed_from, nodes when the trainer said them, and verl's checkpoint_estimate: how the size "
     "was estimated; in a Slurm job also `sigterm: save` and its `stop_signal`)")
-TRAINER_REJECTED = _event(
-    "trainer_rejected", TRAINERS, "a hello from outside esiwrap's tree that asked to be signalled",
-    "pid, reason")
+MESSAGE_REFUSED = _event(
+    "message_refused", TRAINERS,
+    "a message on the trainer channel is not believed and changes nothing (warning)",
+    "pid (the process the message speaks for), message (its type), claimed_pid (what its `pid` "
+    "field says), reason (not in esiwrap's process tree; not attached; no save_begin for this step)")
 NO_TRAINER_ATTACHED = _event(
     "no_trainer_attached", TRAINERS, "a save was due and nothing attached: the child is stopped (exit 76)",
     "action")

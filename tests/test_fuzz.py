@@ -164,7 +164,7 @@ HOSTILE_DATAGRAMS = [
 def test_the_supervisor_survives_hostile_datagrams(esiwrap) -> None:
     """Garbage on the trainer socket (malformed, nested 60k deep, a hello from a process that is
     not ours, NaN numbers): the supervisor goes on, the child is not stopped, and the foreign
-    hello is rejected; SIGTERM afterwards still ends the run the usual way. (Which exit code
+    hello is refused; SIGTERM afterwards still ends the run the usual way. (Which exit code
     follows an unsolicited save_end is the supervisor's decision, not asserted here.)"""
     import socket
 
@@ -175,8 +175,8 @@ def test_the_supervisor_survives_hostile_datagrams(esiwrap) -> None:
         for datagram in HOSTILE_DATAGRAMS:
             with contextlib.suppress(OSError):  # a datagram over the socket's size limit is refused
                 sender.sendto(datagram, path)
-    rejected = run.wait_event("trainer_rejected", 30, pid=1)
-    assert rejected["reason"] == "not a descendant of esiwrap"
+    refused = run.wait_event("message_refused", 30, pid=1, message="hello")
+    assert refused["reason"] == "not in esiwrap's process tree"
     assert run.proc.poll() is None and "supervisor_failed" not in run.names()
     run.signal(15)
     run.finish(30)

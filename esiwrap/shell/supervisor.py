@@ -72,6 +72,12 @@ LogNote = tuple[str, str, dict[str, Any]]  # level, event, fields
 MAX_NODES = 1 << 20  # a hello's node count beyond this is not one
 MAX_REPORT_DELAY_S = 3600.0  # a report "later" than this was stamped by another machine's clock
 RESERVED_HELLO_KEYS = frozenset({"type", "pid", "event", "level", "timestamp", "run_id", "sent_mono"})
+# The message an input of the controller came as, for a refusal's log line.
+WIRE_NAMES: dict[type[core.Input], str] = {
+    core.Hello: messages.HELLO, core.Step: messages.STEP, core.CheckpointSize: messages.CHECKPOINT,
+    core.SaveBegin: messages.SAVE_BEGIN, core.SaveSnapshot: messages.SAVE_SNAPSHOT,
+    core.SaveEnd: messages.SAVE_END, core.TrainingStart: messages.START, core.Bye: messages.BYE,
+}
 
 
 @dataclass(frozen=True)
@@ -530,7 +536,7 @@ class Supervisor(Effects):
             return self._hello(message)
         if message.type == messages.BYE:
             self._forget_trainer(message.pid)
-            return core.TrainerGone(message.pid)
+            return core.Bye(message.pid)
         if message.type == messages.STEP:
             return core.Step(message.pid, step, _finite(message.get_float("duration_s")), delay)
         if message.type == messages.CHECKPOINT:
@@ -557,7 +563,7 @@ class Supervisor(Effects):
 
     def _hello(self, message: Message) -> core.Hello:
         wants_signal = message.get_bool("signal", True)
-        descendant = process.is_descendant(message.pid, os.getpid()) if wants_signal else True
+        descendant = process.is_descendant(message.pid, os.getpid())  # signalled or not: our tree only
         stop_name = message.get_str("stop_signal")
         stop_signal = signal_number(stop_name) if stop_name else None
         if descendant:
@@ -573,6 +579,12 @@ class Supervisor(Effects):
             nodes=min(message.get_int("nodes"), MAX_NODES) or None,
             sigterm_saves=message.get_str("sigterm") == TRAINER_SIGTERM_SAVE,
         )
+
+    def refuse_message(self, action: core.RefuseMessage) -> None:
+        refused = action.refused
+        pid = getattr(refused, "pid", None)
+        self.logger.warning(ev.MESSAGE_REFUSED, pid=pid, message=WIRE_NAMES.get(type(refused)),
+                            claimed_pid=pid, reason=action.reason)
 
     def _watch_trainer(self, pid: int) -> None:
         """A pidfd per trainer: the loop learns at once when one exits (no polling)."""

@@ -25,9 +25,13 @@ from esiwrap.core.controller.outbox import Outbox, rounded, rounded_opt
 from esiwrap.core.controller.planning import Planner
 from esiwrap.core.controller.probe import StorageProbe
 from esiwrap.core.controller.protocol import (
+    NEVER_BEGUN,
     NO_FIELDS,
+    NOT_ATTACHED,
+    NOT_IN_TREE,
     TRAINER_REPORTS,
     Action,
+    Bye,
     Checkpoint,
     CheckpointSize,
     CheckTree,
@@ -42,6 +46,7 @@ from esiwrap.core.controller.protocol import (
     KeepState,
     NotifyStopping,
     Now,
+    RefuseMessage,
     ReleaseCapacity,
     SaveBegin,
     SaveEnd,
@@ -101,7 +106,7 @@ class Controller:
         self._routes: Mapping[type, Callable[[Any, Now], None]] = {
             ChildStarted: self._on_child_started, Hello: self._on_hello,
             CheckpointSize: self._on_checkpoint_size, StorageProbed: self._on_storage_probed,
-            TrainerGone: self._on_trainer_gone, Step: self._on_step,
+            TrainerGone: self._on_trainer_gone, Bye: self._on_trainer_gone, Step: self._on_step,
             SaveBegin: self._on_save_begin, SaveSnapshot: self._on_save_snapshot, SaveEnd: self._on_save_end,
             DeadlineAnswers: self._on_deadline_answers, SignalReceived: self._on_signal_received,
             ChildExited: self._on_child_exited, TreeChecked: self._on_tree_checked,
@@ -155,7 +160,8 @@ class Controller:
         every input that was waiting when the loop woke is applied before a timer decides).
         Anything that is not an `Input` is the caller's bug: TypeError at once."""
         if isinstance(input_, TRAINER_REPORTS) and not self.roster.attached(input_.pid):
-            return self.out.take()  # only a trainer that said hello reports steps and saves
+            self.out.act(RefuseMessage(input_, NOT_ATTACHED))  # only a trainer that said hello reports
+            return self.out.take()
         self._route(input_, now)
         return self.out.take()
 
@@ -244,9 +250,8 @@ class Controller:
         self._log("info", ev.CHILD_STARTED, pid=started.pid, argv=list(started.argv), **host, **settings)
 
     def _on_hello(self, hello: Hello, now: Now) -> None:
-        if hello.wants_signal and not hello.descendant:
-            # we only ever signal our own tree; relayed processes say signal=false
-            self._log("warning", ev.TRAINER_REJECTED, pid=hello.pid, reason="not a descendant of esiwrap")
+        if not hello.descendant:  # signalled or not, waited for or not: only our own tree speaks
+            self.out.act(RefuseMessage(hello, NOT_IN_TREE))
             return
         more_nodes = self.roster.attach(hello, now.wall)
         self._log("info", ev.TRAINER_ATTACHED, pid=hello.pid, **hello.fields)
@@ -279,7 +284,8 @@ class Controller:
     def _probe_again(self, now: Now) -> None:
         self.probe.again(self.roster.checkpoint_dir)
 
-    def _on_trainer_gone(self, gone: TrainerGone, now: Now) -> None:
+    def _on_trainer_gone(self, gone: TrainerGone | Bye, now: Now) -> None:
+        self.saves.forget(gone.pid)
         if self.roster.gone(gone.pid) and self.saves.request is not None:
             self._check_acknowledged(now)  # it may have been the last one to wait for
 
@@ -290,6 +296,7 @@ class Controller:
             fields["hint"] = "killed by SIGKILL: out of memory?"
         self._log("info", ev.CHILD_EXITED, **fields)
         self.roster.child_exited(exited)
+        self.saves.forget(exited.pid)
         if not stopping:
             self._begin_stop("child exited", None, "child", now)
 
@@ -336,10 +343,16 @@ class Controller:
         self.saves.begin(begin, now)
 
     def _on_save_snapshot(self, snapshot: SaveSnapshot, now: Now) -> None:
+        if not self.saves.began(snapshot.pid, snapshot.step):
+            self.out.act(RefuseMessage(snapshot, NEVER_BEGUN))
+            return
         self._adopt_peer_request(snapshot, now)
         self.saves.snapshot(snapshot, now)
 
     def _on_save_end(self, end: SaveEnd, now: Now) -> None:
+        if not self.saves.ends(end.pid, end.step):  # a save that was never begun is no evidence
+            self.out.act(RefuseMessage(end, NEVER_BEGUN))
+            return
         if end.delay_s is not None:
             self.obs.report_delay.record(end.delay_s)
         if not end.ok:

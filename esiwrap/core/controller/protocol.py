@@ -102,7 +102,13 @@ class StorageProbed(NamedTuple):
 
 
 class TrainerGone(NamedTuple):
-    """A trainer said bye, or its process exited."""
+    """A trainer's process exited."""
+
+    pid: int
+
+
+class Bye(NamedTuple):
+    """A trainer said bye: it leaves (its process may live on)."""
 
     pid: int
 
@@ -202,7 +208,7 @@ class TreeChecked(NamedTuple):
 Input = (
     ChildStarted | Hello | CheckpointSize | StorageProbed | TrainerGone | Step | SaveBegin | SaveSnapshot
     | SaveEnd | DeadlineAnswers | SignalReceived | ChildExited | TreeChecked | TrainingStart | UploadStarted
-    | UploadExited | FilesystemChecked
+    | UploadExited | FilesystemChecked | Bye
 )
 
 
@@ -306,11 +312,26 @@ class CheckFilesystem(NamedTuple):
     path: str
 
 
-TRAINER_REPORTS = (Step, SaveBegin, SaveSnapshot, SaveEnd, CheckpointSize, TrainingStart)
+class RefuseMessage(NamedTuple):
+    """A trainer's message is not believed (it changes nothing): say so. The shell names the
+    sender (its command line) and keeps repeats down."""
+
+    refused: Input
+    reason: str
+
+
+TRAINER_REPORTS = (Step, SaveBegin, SaveSnapshot, SaveEnd, CheckpointSize, TrainingStart, Bye)
+"""What only an attached trainer may say (or the child itself, with --signal-child)."""
+# Why a message is refused: a process outside esiwrap's tree (the shell refuses its other messages
+# for the same reason), one that is not attached, a save's end or snapshot with no begin.
+NOT_IN_TREE = "not in esiwrap's process tree"
+NOT_ATTACHED = "not attached: it never said hello (or it said bye)"
+NEVER_BEGUN = "it sent no save_begin for this step"
 
 Action = (
     SendSignal | StopChild | KillTree | TermLeftovers | CheckTree | Log | NotifyStopping | ExtendStopTimeout
     | KeepState | ReleaseCapacity | Exit | ProbeStorage | StartUpload | StopUpload | CheckFilesystem
+    | RefuseMessage
 )
 PROBE_REPEAT_S = 6 * 3600.0  # while no save is measured, probe the storage again this often
 
