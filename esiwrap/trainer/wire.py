@@ -3,7 +3,7 @@
 The trainer's side (`esiwrap.trainer`, its framework callbacks, the verl hook, the Ray relay)
 builds one of the message classes below and `encode`s it; esiwrap's side `decode`s each datagram
 into an `Envelope` holding one, or into `Malformed` with the reason it is not one. This module is
-loaded in every trainer process, Ray workers too: json, math and typing only.
+loaded in every trainer process, Ray workers too: it imports json, math and typing, nothing heavier.
 
 A datagram is one JSON object in UTF-8:
 
