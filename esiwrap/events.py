@@ -100,13 +100,24 @@ TRAINER_ATTACHED = _event(
     "pid, rank, world_size, saves, integration, … (with checkpoint_bytes, checkpoint_dir, "
     "resumed_from, nodes when the trainer said them, and verl's checkpoint_estimate: how the size "
     "was estimated; in a Slurm job also `sigterm: save` and its `stop_signal`)")
-TRAINER_REJECTED = _event(
-    "trainer_rejected", TRAINERS, "a hello from outside esiwrap's tree that asked to be signalled, or "
-    "one that reached esiwrap after the same process's bye (info level)",
-    "pid, reason")
 TRAINER_LEFT = _event(
     "trainer_left", TRAINERS, "a trainer said bye: its process is ending (the library says it at exit)",
     "pid (it gets no save signal any more: it ignores it until it is gone)")
+MESSAGE_REFUSED = _event(
+    "message_refused", TRAINERS,
+    "a message on the trainer channel is not believed and changes nothing (warning; a sender's first "
+    "3 for one reason, then one line a minute at most, and one at exit for what was not logged)",
+    "pid (the sender, as the kernel names it), cmdline (its command line, cut to 200 characters, where "
+    "/proc shows it), message (its type, where known), claimed_pid (what its `pid` field says), "
+    "reason (not a message and why; not in esiwrap's process tree; its pid field names another "
+    "process; not attached; no save_begin for this step; not a plausible node answer; its process "
+    "ended before esiwrap read it), suppressed "
+    "(how many like it, same sender and reason, were refused since the previous line without one). "
+    "See [who may speak on the channel](../trainer.md#who-may-speak-on-the-channel)")
+CHANNEL_UNVERIFIED = _event(
+    "channel_unverified", TRAINERS,
+    "once at start, where the system does not tell who sent a datagram (no `SO_PASSCRED`: not Linux)",
+    "reason (a message's `pid` field is believed, still held to esiwrap's process tree)")
 NO_TRAINER_ATTACHED = _event(
     "no_trainer_attached", TRAINERS, "a save was due and nothing attached: the child is stopped (exit 76)",
     "action")

@@ -269,17 +269,83 @@ def test_linger_trains_on_until_the_stop_must_begin_and_follows_a_renewal() -> N
             assert d.controller.stop is not None and d.controller.stop.exit_status == EXIT_CHECKPOINTED
 
 
-def test_reports_from_a_process_that_never_said_hello_are_ignored() -> None:
+def test_reports_from_a_process_that_never_said_hello_are_refused() -> None:
     """A save_end from a stranger must not count as a checkpoint: a later SIGTERM would otherwise
-    stop with 75 although nothing was saved."""
+    stop with 75 although nothing was saved. Each of its reports is refused, and says so."""
     d = Driver(PLAIN)
     d.hello()
     d.steps(1, 3, 1.0)
-    d.feed(core.SaveEnd(9999, 3, duration_s=0.1, path="/elsewhere"))
-    d.feed(core.Step(9999, 50, 1.0))
+    end = core.SaveEnd(9999, 3, duration_s=0.1, path="/elsewhere")
+    step, bye = core.Step(9999, 50, 1.0), core.TrainerLeft(9999)
+    assert d.feed(end) == [core.RefuseMessage(end, core.NOT_ATTACHED)]
+    assert d.feed(step) == [core.RefuseMessage(step, core.NOT_ATTACHED)]
+    assert d.feed(bye) == [core.RefuseMessage(bye, core.NOT_ATTACHED)]
     assert d.controller.last_checkpoint is None and d.controller.obs.last_step == 3
     d.feed(core.SignalReceived("SIGTERM"))
     assert d.controller.mode is Mode.DRAINING  # a save is asked for, nothing was taken as saved
+
+
+def test_a_save_end_for_a_step_its_trainer_never_began_is_refused() -> None:
+    """An attached trainer's save_end for a save it never began (step 424242, 0.2 s) is no evidence:
+    no checkpoint, no measured save, the save asked for still waits; its real save then counts."""
+    d = Driver(PLAIN)
+    d.hello()
+    d.steps(1, 3, 1.0)
+    d.feed(core.SignalReceived("SIGTERM"))  # a save is asked for; esiwrap stops once it is done
+    forged = core.SaveEnd(CHILD, 424242, duration_s=0.2, path="/nowhere")
+    assert d.feed(forged) == [core.RefuseMessage(forged, core.NEVER_BEGUN)]
+    snapshot = core.SaveSnapshot(CHILD, 424242, 0.1)
+    assert d.feed(snapshot) == [core.RefuseMessage(snapshot, core.NEVER_BEGUN)]
+    assert d.controller.last_checkpoint is None and d.controller.obs.saves == []
+    assert d.controller.mode is Mode.DRAINING
+    d.save(3, 2.0)
+    assert d.controller.last_checkpoint is not None and d.controller.last_checkpoint.step == 3
+    assert d.controller.stop is not None and d.controller.stop.exit_status == EXIT_CHECKPOINTED
+    again = core.SaveEnd(CHILD, 3, duration_s=2.0)  # a second end of the same save: it ended already
+    assert core.RefuseMessage(again, core.NEVER_BEGUN) in d.feed(again)
+
+
+def test_a_trainers_overlapping_asynchronous_saves_each_end_once() -> None:
+    """Two asynchronous saves in flight (begun at 10 and 20, each snapshot at once, written in the
+    background): each end counts, in any order, and only after its own begin."""
+    d = Driver(PLAIN)
+    d.hello()
+    for step in (10, 20):
+        d.feed(core.SaveBegin(CHILD, step))
+        d.feed(core.SaveSnapshot(CHILD, step, 0.1))
+    for step, seconds in ((20, 3.0), (10, 4.0)):
+        out = d.feed(core.SaveEnd(CHILD, step, duration_s=seconds))
+        assert not [a for a in out if isinstance(a, core.RefuseMessage)]
+    assert d.controller.saves.completed_total == 2
+
+
+@pytest.mark.parametrize("wants_signal", [True, False])
+def test_a_hello_from_outside_esiwraps_tree_is_refused_whatever_it_asks(wants_signal: bool) -> None:
+    """A phantom trainer (not a descendant) that says it saves but must not be signalled is not
+    attached: the real trainer's save is not held up waiting for it (exit 75, not 76)."""
+    d = Driver(PLAIN)
+    d.hello()
+    phantom = core.Hello(7777, saves=True, wants_signal=wants_signal, descendant=False)
+    assert d.feed(phantom) == [core.RefuseMessage(phantom, core.NOT_IN_TREE)]
+    assert 7777 not in d.controller.trainers
+    d.steps(1, 3, 1.0)
+    d.feed(core.SignalReceived("SIGTERM"))
+    d.save(3, 1.0)
+    assert d.controller.stop is not None and d.controller.stop.exit_status == EXIT_CHECKPOINTED
+
+
+def test_a_bye_lets_a_trainer_go_and_a_save_no_longer_waits_for_it() -> None:
+    """Two saving ranks; one says bye while the save is under way: the other's end acknowledges it."""
+    d = Driver(PLAIN)
+    d.hello(CHILD)
+    d.hello(CHILD + 1)
+    d.steps(1, 3, 1.0)
+    d.feed(core.SignalReceived("SIGTERM"))
+    d.feed(core.SaveBegin(CHILD, 3))
+    left = d.feed(core.TrainerLeft(CHILD + 1))
+    assert [a.event for a in left if isinstance(a, core.Log)] == ["trainer_left"]
+    d.feed(core.SaveEnd(CHILD, 3, duration_s=1.0))
+    assert d.controller.stop is not None and d.controller.stop.exit_status == EXIT_CHECKPOINTED
 
 
 def test_a_stop_budget_too_small_for_a_checkpoint_is_warned_with_the_fix() -> None:
@@ -400,8 +466,8 @@ def test_a_hello_after_the_bye_of_the_same_process_does_not_attach_it_again() ->
     d.hello(pid=5001)
     d.feed(core.TrainerLeft(5001))
     d.hello(pid=5001)
-    (rejected,) = logs(d.actions, "trainer_rejected")
-    assert rejected["pid"] == 5001 and "said bye" in rejected["reason"]
+    (rejected,) = [a for a in d.actions if isinstance(a, core.RefuseMessage)]
+    assert rejected.refused.pid == 5001 and "said bye" in rejected.reason
     d.feed(core.SignalReceived("SIGUSR1"))
     assert signals(d.actions) == []
     d.feed(core.TrainerGone(5001))  # the process exited
@@ -420,11 +486,14 @@ def test_signal_child_sends_nothing_to_a_child_that_said_bye() -> None:
 
 
 def test_a_bye_from_a_process_that_never_said_hello_changes_nothing() -> None:
-    """Only an attached trainer leaves: a stray bye is not logged, and a later hello attaches."""
+    """Only an attached trainer leaves: a stray bye is refused (it is not attached), and a later
+    hello attaches."""
     d = Driver()
     d.feed(core.TrainerLeft(5001))
+    (refused,) = [a for a in d.actions if isinstance(a, core.RefuseMessage)]
+    assert refused.refused == core.TrainerLeft(5001) and refused.reason == core.NOT_ATTACHED
     d.hello(pid=5001)
-    assert logs(d.actions, "trainer_left") == [] and logs(d.actions, "trainer_rejected") == []
+    assert logs(d.actions, "trainer_left") == []
     assert 5001 in d.controller.trainers
 
 

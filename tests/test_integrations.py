@@ -18,8 +18,9 @@ from esiwrap_harness import EsiwrapRun
 from esiwrap.integrations import OUR_RAY_ENV_HOOK
 from esiwrap.integrations.importhook import when_imported
 from esiwrap.paths import bootstrap_dir
+from esiwrap.shell.channel import ChannelServer
 from esiwrap.shell.supervisor import SupervisorConfig, child_environment
-from esiwrap.trainer.channel import ChannelServer
+from esiwrap.trainer import wire
 
 HEAVY = ("verl", "ray", "torch", "psutil", "structlog", "esiwrap.trainer.channel",
          "esiwrap.integrations.ray_relay")
@@ -197,7 +198,7 @@ def test_runtime_env_hook_makes_the_driver_the_relay_and_ships_the_hook() -> Non
             "'worker_process_setup_hook': 'user.setup'}); print(json.dumps(env))"
         )
         env = json.loads(python(code, ESIWRAP_SOCKET=server.path).stdout)
-        hello = server.receive()[0]
+        datagram = server.receive()[0]
     finally:
         server.close()
     package = str(Path(bootstrap_dir()).parent)
@@ -205,10 +206,12 @@ def test_runtime_env_hook_makes_the_driver_the_relay_and_ships_the_hook() -> Non
     assert env["worker_process_setup_hook"] == "esiwrap.integrations.ray_relay.worker_setup"
     assert env["env_vars"]["ESIWRAP_CHAINED_SETUP_HOOK"] == "user.setup"
     assert env["env_vars"]["A"] == "1" and env["env_vars"]["ESIWRAP_SIGNAL"] == "SIGUSR1"
-    assert env["env_vars"]["ESIWRAP_RELAY"].startswith(f"{hello.pid}-")
-    assert hello.type == "hello"
-    assert (hello.get_bool("signal", False), hello.get_str("stop_signal"), hello.get_bool("saves", True)) == (
-        True, "SIGINT", False)
+    assert isinstance(datagram.decoded, wire.Envelope)
+    hello = datagram.decoded.message
+    assert env["env_vars"]["ESIWRAP_RELAY"].startswith(f"{datagram.sender}-")
+    assert datagram.decoded.pid == datagram.sender  # the relay speaks as itself
+    assert isinstance(hello, wire.Hello)
+    assert (hello.signal, hello.stop_signal, hello.saves, hello.relay) == (True, "SIGINT", False, True)
 
 
 @pytest.mark.system
@@ -268,17 +271,18 @@ class RecordingTransport:
 
     def __init__(self, requests: int = 0) -> None:
         self.requests = requests
-        self.sent: list[tuple[str, dict[str, object]]] = []
+        self.sent: list[wire.Message] = []
 
-    def send(self, message_type: str, **fields: object) -> bool:
-        self.sent.append((message_type, fields))
+    def send(self, message: wire.Message) -> bool:
+        wire.encode(message, 1)  # what esiwrap could decode
+        self.sent.append(message)
         return True
 
     def request_count(self) -> int:
         return self.requests
 
     def types(self) -> list[str]:
-        return [kind for kind, _ in self.sent]
+        return [wire.type_of(message) for message in self.sent]
 
 
 def trainer_at(step: int, root: Path, finalize: object = None) -> object:
@@ -304,8 +308,9 @@ def test_verl_save_is_acknowledged_only_once_the_tracker_names_its_step(tmp_path
     (tmp_path / "latest_checkpointed_iteration.txt").write_text("5")
     loop.boundary(8)
     assert transport.types() == ["save_begin", "step", "step", "save_end"]
-    end = transport.sent[-1][1]
-    assert (end["ok"], end["step"], end["path"]) == (True, 5, str(tmp_path / "global_step_5"))
+    end = transport.sent[-1]
+    assert isinstance(end, wire.SaveEnd)
+    assert (end.ok, end.step, end.path) == (True, 5, str(tmp_path / "global_step_5"))
 
 
 def test_verl_requested_async_save_is_finalized_before_the_acknowledgement(tmp_path: Path) -> None:
@@ -321,7 +326,8 @@ def test_verl_requested_async_save_is_finalized_before_the_acknowledgement(tmp_p
     loop.transport = transport
     assert loop.save_requested()
     loop.saved(trainer_at(9, tmp_path, finalize), lambda trainer: None, (), {})
-    assert transport.types() == ["save_begin", "save_end"] and transport.sent[-1][1]["ok"] is True
+    assert transport.types() == ["save_begin", "save_end"] and transport.sent[-1] == wire.SaveEnd(
+        9, ok=True, path=str(tmp_path / "global_step_9"), duration_s=transport.sent[-1].duration_s)  # type: ignore[union-attr]
     assert not loop.save_requested()
 
 
@@ -337,7 +343,9 @@ def test_verl_failed_save_is_reported_and_the_request_stays(tmp_path: Path) -> N
     loop.transport = transport
     with pytest.raises(OSError):
         loop.saved(trainer_at(3, tmp_path), broken, (), {})
-    assert transport.types() == ["save_begin", "save_end"] and transport.sent[-1][1]["ok"] is False
+    end = transport.sent[-1]
+    assert transport.types() == ["save_begin", "save_end"]
+    assert isinstance(end, wire.SaveEnd) and end.ok is False
     assert loop.save_requested()
 
 

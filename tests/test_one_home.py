@@ -14,8 +14,7 @@ from esiwrap import choices, envvars, events
 from esiwrap.cli.options import ALL_RUN_OPTIONS
 from esiwrap.core.controller import Mode
 from esiwrap.core.snapshot import PHASES
-from esiwrap.trainer import channel
-from esiwrap.trainer import wire as messages
+from esiwrap.trainer import channel, wire
 
 PACKAGE = Path(envvars.__file__).resolve().parent
 DOCS = PACKAGE.parent / "docs"
@@ -160,43 +159,52 @@ def test_every_event_has_its_description_and_a_row_in_the_events_reference() -> 
     assert sorted(rows) == sorted(events.ALL)
 
 
-def message_constants_used(tree: ast.Module) -> set[str]:
-    """`messages.X` in one module (`from esiwrap import messages`)."""
+def wire_names_used(tree: ast.Module) -> set[str]:
+    """`wire.X` in one module (`from esiwrap.trainer import wire`)."""
     return {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)
-            and isinstance(node.value, ast.Name) and node.value.id == "messages"}
+            and isinstance(node.value, ast.Name) and node.value.id == "wire"}
 
 
-def test_every_message_sent_is_a_known_type_spelled_once() -> None:
-    """The trainer library and the integrations name what they send with `esiwrap.trainer.wire`: every
-    `send(...)` whose type is written out is a `messages` constant, never a string of its own."""
-    known = {name for name, value in vars(messages).items() if name.isupper() and value in messages.ALL}
-    sent: set[str] = set()
-    spelled = []
-    for path, tree in package_sources(PACKAGE / "messages.py"):
+def test_every_message_sent_is_a_wire_class() -> None:
+    """The trainer library and the integrations send messages built from `esiwrap.trainer.wire`'s
+    classes, never a type name and fields of their own: no `send("...")`, no `send(kind, **fields)`;
+    the JSON field names are spelled in `wire` alone (its classes' fields)."""
+    spelled, built = [], set()
+    for path, tree in package_sources(PACKAGE / "trainer" / "wire.py"):
         for node in ast.walk(tree):
-            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-                    and node.func.attr == "send" and node.args):
+            if not isinstance(node, ast.Call):
                 continue
-            first = node.args[0]
-            if isinstance(first, ast.Constant) and isinstance(first.value, str):
-                spelled.append(f"{path.relative_to(PACKAGE)}:{node.lineno}: {first.value!r}")
-            elif isinstance(first, ast.Attribute) and isinstance(first.value, ast.Name) \
-                    and first.value.id == "messages":
-                sent.add(first.attr)
+            func = node.func
+            if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) \
+                    and func.value.id == "wire" and func.attr in {c.__name__ for c in wire.CLASSES.values()}:
+                built.add(func.attr)
+            if isinstance(func, ast.Attribute) and func.attr == "send" and node.args:
+                first = node.args[0]
+                if (isinstance(first, ast.Constant) and isinstance(first.value, str)) or node.keywords:
+                    spelled.append(f"{path.relative_to(PACKAGE)}:{node.lineno}")
     assert spelled == []
-    assert sent and sent <= known
-    assert {messages.HELLO, messages.STEP, messages.SAVE_BEGIN, messages.SAVE_END} <= {
-        getattr(messages, name) for name in sent}
+    assert built >= {"Hello", "Step", "Checkpoint", "SaveBegin", "SaveSnapshot", "SaveEnd", "Start",
+                     "Deadline"}
+    names = {"save_begin", "save_snapshot", "save_end", "hello", "bye"}  # words no other code uses
+    again = [f"{path.relative_to(PACKAGE)}:{node.lineno}"
+             for path, tree in package_sources(PACKAGE / "trainer" / "wire.py")
+             for node in ast.walk(tree) if isinstance(node, ast.Constant) and node.value in names]
+    assert again == []
 
 
-def test_every_known_message_is_handled_and_the_channel_takes_no_other() -> None:
-    """The supervisor turns each type in `messages.ALL` into an input for the controller, and the
-    channel drops any other type."""
-    supervisor = (PACKAGE / "shell" / "supervisor.py").read_text(encoding="utf-8")
-    handled = message_constants_used(ast.parse(supervisor))
-    assert {getattr(messages, name) for name in handled} == messages.ALL
-    assert channel.MESSAGE_TYPES == messages.ALL
-    assert channel.decode(b'{"type": "hullo", "pid": 42}') is None
+def test_every_message_becomes_an_input_and_the_channel_takes_no_other() -> None:
+    """esiwrap's end of the channel turns each class of `wire.CLASSES` into what the controller
+    reads, and names each trainer report it may refuse by its message; a datagram of another type
+    is not a message."""
+    from esiwrap.core import controller as core
+    from esiwrap.shell import channel as shell_channel
+
+    handled = wire_names_used(ast.parse((PACKAGE / "shell" / "channel.py").read_text(encoding="utf-8")))
+    assert {cls.__name__ for cls in wire.CLASSES.values()} <= handled
+    assert set(shell_channel.WIRE_NAMES) == {core.Hello, *core.TRAINER_REPORTS}
+    assert set(shell_channel.WIRE_NAMES.values()) <= wire.ALL
+    assert isinstance(wire.decode(b'{"type": "hullo", "pid": 42}'), wire.Malformed)
+    assert set(wire.CLASSES.values()) >= channel.KEPT_WHEN_REFUSED
 
 
 def module_map() -> list[str]:

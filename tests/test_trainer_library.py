@@ -16,7 +16,9 @@ import pytest
 from esiwrap_harness import FINISHING_TRAINER, release, send_until_gone, wait_until
 
 import esiwrap.trainer as esi
-from esiwrap.trainer.channel import SIGNAL_ENV, SOCKET_ENV, ChannelClient, ChannelServer, Message, decode
+from esiwrap.shell.channel import ChannelServer
+from esiwrap.trainer import wire
+from esiwrap.trainer.channel import SIGNAL_ENV, SOCKET_ENV, ChannelClient
 
 
 @pytest.fixture
@@ -31,16 +33,19 @@ def server(monkeypatch: pytest.MonkeyPatch) -> Iterator[ChannelServer]:
     srv.close()
 
 
-def messages(srv: ChannelServer) -> list[Message]:
-    return srv.receive()
+def messages(srv: ChannelServer) -> list[wire.Envelope]:
+    """What the socket received, each from this process (the kernel's word) and well formed."""
+    got = srv.receive()
+    assert all(isinstance(d.decoded, wire.Envelope) for d in got), got
+    return [d.decoded for d in got if isinstance(d.decoded, wire.Envelope)]
 
 
 def test_install_says_hello_and_the_handler_only_sets_the_flag(server: ChannelServer) -> None:
     """A real SIGUSR1 sets the flag; the hello carries pid, rank and the integration."""
     esi.install()
     hello = messages(server)[0]
-    assert (hello.type, hello.pid) == ("hello", os.getpid())
-    assert hello.fields["rank"] == 0 and hello.fields["saves"] is True
+    assert isinstance(hello.message, wire.Hello) and hello.pid == os.getpid()
+    assert hello.message.rank == 0 and hello.message.saves is True
     assert not esi.save_requested()
     os.kill(os.getpid(), signal.SIGUSR1)
     assert esi.save_requested()
@@ -112,13 +117,13 @@ def test_step_and_save_messages(server: ChannelServer) -> None:
     esi.request_save()
     with esi.saving(7, "/ckpt/step7"):
         pass
-    got = messages(server)
-    kinds = [m.type for m in got]
+    got = [m.message for m in messages(server)]
+    kinds = [wire.type_of(m) for m in got]
     assert kinds == ["hello", "step", "save_begin", "save_end"]
     step, begin, end = got[1], got[2], got[3]
-    assert step.fields["step"] == 7 and step.fields["duration_s"] >= 0
-    assert begin.fields["step"] == 7
-    assert end.fields["ok"] is True and end.fields["path"] == "/ckpt/step7"
+    assert isinstance(step, wire.Step) and step.step == 7 and step.duration_s >= 0
+    assert isinstance(begin, wire.SaveBegin) and begin.step == 7
+    assert isinstance(end, wire.SaveEnd) and end.ok is True and end.path == "/ckpt/step7"
     assert not esi.save_requested()
 
 
@@ -128,30 +133,19 @@ def test_failed_save_is_reported_and_keeps_the_request(server: ChannelServer) ->
     esi.request_save()
     with pytest.raises(OSError), esi.saving(3):
         raise OSError("disk full")
-    end = messages(server)[-1]
-    assert end.type == "save_end" and end.fields["ok"] is False
-    assert "disk full" in end.fields["error"]
+    end = messages(server)[-1].message
+    assert isinstance(end, wire.SaveEnd) and end.ok is False
+    assert end.error is not None and "disk full" in end.error
     assert esi.save_requested()
 
 
 def test_sending_never_raises_or_blocks_without_a_receiver(tmp_path) -> None:
     """A vanished supervisor (socket gone) costs the trainer nothing but a False."""
     client = ChannelClient(str(tmp_path / "gone.sock"))
-    assert client.send("step", step=1) is False
-    assert client.send("step", step=object()) is False  # not JSON: dropped, not raised
-    assert ChannelClient(None).send("step", step=1) is False
-
-
-def test_decode_rejects_what_is_not_a_message() -> None:
-    """Only well-formed JSON objects with a known type and a pid are messages."""
-    assert decode(b"not json") is None
-    assert decode(b"[1,2]") is None
-    assert decode(b'{"type":"nope","pid":1}') is None
-    assert decode(b'{"type":"step","pid":"1"}') is None
-    assert decode(b'{"type":"step","pid":true}') is None
-    message = decode(b'{"type":"step","pid":5,"step":"x","duration_s":1}')
-    assert message is not None and message.get_int("step", -1) == -1
-    assert message.get_float("duration_s") == 1.0
+    assert client.send(wire.Step(step=1)) is False
+    assert client.send(wire.Hello(extra={"model": object()})) is False  # not JSON: dropped, not raised
+    assert client.send(wire.Step(step="1")) is False  # type: ignore[arg-type]  # refused, not raised
+    assert ChannelClient(None).send(wire.Step(step=1)) is False
 
 
 def test_hello_from_another_rank(server: ChannelServer, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -159,9 +153,9 @@ def test_hello_from_another_rank(server: ChannelServer, monkeypatch: pytest.Monk
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("WORLD_SIZE", "2")
     esi.install(saves=False, stop_signal="SIGINT")
-    hello = messages(server)[0]
-    assert hello.fields["rank"] == 1 and hello.fields["world_size"] == 2
-    assert hello.fields["saves"] is False and hello.fields["stop_signal"] == "SIGINT"
+    hello = messages(server)[0].message
+    assert isinstance(hello, wire.Hello) and hello.rank == 1 and hello.world_size == 2
+    assert hello.saves is False and hello.stop_signal == "SIGINT"
 
 
 def test_signal_names_are_read_one_way_everywhere() -> None:
@@ -220,12 +214,12 @@ def test_ranks_agree_on_a_saves_end_and_mark_a_peer_nodes_request(server: Channe
     ranks = [subprocess.Popen([sys.executable, "-c", TWO_RANKS, str(rank), port], env=env) for rank in (0, 1)]
     assert [rank.wait(timeout=120) for rank in ranks] == [0, 0]
     by_pid = {rank.pid: r for r, rank in enumerate(ranks)}
-    sent = [(by_pid[m.pid], m.type, m.fields) for m in messages(server) if m.type != "hello"]
-    begins = {r: f for r, kind, f in sent if kind == "save_begin"}
-    ends = {r: f for r, kind, f in sent if kind == "save_end"}
-    assert begins[0].get("peer") is True and "peer" not in begins[1]
-    assert ends[0]["ok"] is False and ends[0]["error"].startswith("OSError('disk full')")
-    assert ends[1]["ok"] is False and ends[1]["error"] == "the save failed on another rank"
+    sent = [(by_pid[m.pid], m.message) for m in messages(server)]
+    begins = {r: m for r, m in sent if isinstance(m, wire.SaveBegin)}
+    ends = {r: m for r, m in sent if isinstance(m, wire.SaveEnd)}
+    assert begins[0].peer is True and begins[1].peer is False
+    assert ends[0].ok is False and (ends[0].error or "").startswith("OSError('disk full')")
+    assert ends[1].ok is False and ends[1].error == "the save failed on another rank"
 
 
 # ------------------------------------------------------------------------ the end of the process
@@ -238,9 +232,9 @@ def test_at_exit_the_save_signal_is_ignored_before_the_bye_goes(server: ChannelS
     at_send: list[tuple[str, Any]] = []
     send = ChannelClient.send
 
-    def recording_send(client: ChannelClient, message_type: str, **fields: Any) -> bool:
-        at_send.append((message_type, signal.getsignal(signal.SIGUSR1)))
-        return send(client, message_type, **fields)
+    def recording_send(client: ChannelClient, message: wire.Message) -> bool:
+        at_send.append((wire.type_of(message), signal.getsignal(signal.SIGUSR1)))
+        return send(client, message)
 
     monkeypatch.setattr(ChannelClient, "send", recording_send)
     try:
@@ -250,7 +244,8 @@ def test_at_exit_the_save_signal_is_ignored_before_the_bye_goes(server: ChannelS
         esi.uninstall()
         assert signal.getsignal(signal.SIGUSR1) is signal.SIG_IGN
         assert at_send == [("bye", signal.SIG_IGN)]
-        assert [(m.type, m.pid) for m in messages(server)] == [("hello", os.getpid()), ("bye", os.getpid())]
+        assert [(wire.type_of(m.message), m.pid) for m in messages(server)] == [
+            ("hello", os.getpid()), ("bye", os.getpid())]
         esi._say_bye()
         assert messages(server) == []
     finally:
@@ -327,7 +322,8 @@ def test_a_finished_trainer_ends_with_its_own_code_while_save_signals_rain_on_it
     for run in range(runs):
         status, out = finish_under_fire(tmp_path, run, "--end", end, holds_at=holds_at)
         assert status == code, f"run {run}: exit status {status}; {out!r}"
-        said = [m.type for m in messages(server) if m.type in ("hello", "bye")]  # (this run's)
+        said = [wire.type_of(m.message) for m in messages(server)
+                if wire.type_of(m.message) in ("hello", "bye")]  # (this run's)
         if end == "os_exit":
             assert said == ["hello"], said
         else:
@@ -363,5 +359,6 @@ def test_only_the_process_that_said_hello_says_bye(server: ChannelServer) -> Non
     process that installed says one."""
     done = subprocess.run([sys.executable, "-c", FORKS], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and done.stdout == "child 0\n", done.stderr
-    got = [(m.type, m.pid) for m in messages(server) if m.type in ("hello", "bye")]
+    got = [(wire.type_of(m.message), m.pid) for m in messages(server)
+           if wire.type_of(m.message) in ("hello", "bye")]
     assert [kind for kind, _ in got] == ["hello", "bye"] and got[0][1] == got[1][1]

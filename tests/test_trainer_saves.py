@@ -7,7 +7,9 @@ from collections.abc import Iterator
 import pytest
 
 import esiwrap.trainer as esi
-from esiwrap.trainer.channel import SOCKET_ENV, ChannelServer
+from esiwrap.shell.channel import ChannelServer
+from esiwrap.trainer import wire
+from esiwrap.trainer.channel import SOCKET_ENV
 
 
 @pytest.fixture
@@ -30,8 +32,10 @@ def test_split_save_reports_begin_and_end_and_a_failure_keeps_the_request(server
     esi.save_started(8)
     esi.save_finished(8, "/ckpt/8")
     assert not esi.save_requested()
-    messages = [m for m in server.receive() if m.type != "hello"]
-    assert [(m.type, m.get_int("step"), m.fields.get("ok")) for m in messages] == [
-        ("save_begin", 7, None), ("save_end", 7, False), ("save_begin", 8, None), ("save_end", 8, True),
+    messages = [d.decoded.message for d in server.receive()
+                if isinstance(d.decoded, wire.Envelope) and not isinstance(d.decoded.message, wire.Hello)]
+    assert messages == [
+        wire.SaveBegin(7), wire.SaveEnd(7, ok=False, path="/ckpt/7", duration_s=messages[1].duration_s,
+                                        error="disk full"),
+        wire.SaveBegin(8), wire.SaveEnd(8, ok=True, path="/ckpt/8", duration_s=messages[3].duration_s),
     ]
-    assert messages[1].get_str("error") == "disk full" and messages[3].get_str("path") == "/ckpt/8"

@@ -27,6 +27,7 @@ from esiwrap.core.controller.protocol import (
     Log,
     NotifyStopping,
     ProbeStorage,
+    RefuseMessage,
     ReleaseCapacity,
     SendSignal,
     StartUpload,
@@ -82,6 +83,9 @@ class Effects(abc.ABC):
     def release_capacity(self, action: ReleaseCapacity) -> None: ...
 
     @abc.abstractmethod
+    def refuse_message(self, action: RefuseMessage) -> None: ...
+
+    @abc.abstractmethod
     def exit(self, action: Exit) -> None:
         """The run is over: the world stops driving the core (the supervisor leaves its loop)."""
 
@@ -101,6 +105,7 @@ EFFECTS: Mapping[type[Action], str] = {
     StopUpload: "stop_upload",
     CheckFilesystem: "check_filesystem",
     ReleaseCapacity: "release_capacity",
+    RefuseMessage: "refuse_message",
     Exit: "exit",
 }
 """Each action's method of `Effects`: the one table every world is dispatched through."""

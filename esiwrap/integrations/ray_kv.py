@@ -17,6 +17,8 @@ if TYPE_CHECKING:
     from types import FrameType
     from typing import Any
 
+    from esiwrap.trainer import wire
+
 __all__ = ["NAMESPACE", "KvRelay", "install_signal_flag", "signal_flag"]
 
 NAMESPACE = "esiwrap"
@@ -104,32 +106,32 @@ class KvRelay:
             relayed = 0
         return relayed + signal_flag.count
 
-    # up: the loop's events
-    def send(self, message_type: str, **fields: Any) -> bool:
+    # up: the loop's events, written as the channel's datagrams (`esiwrap.trainer.wire`)
+    def send(self, message: wire.Message) -> bool:
         """Like `ChannelClient.send`: never raises into the training loop."""
-        import json
         import time
+
+        from esiwrap.trainer import wire
 
         self._sent += 1
         key = f"{self._prefix}msg/{time.time_ns():020d}-{os.getpid()}-{self._sent:08d}"
-        payload = {"type": message_type, "pid": os.getpid(), **fields}
         try:
-            self._kv._internal_kv_put(key, json.dumps(payload), overwrite=True, namespace=NAMESPACE)
+            self._kv._internal_kv_put(key, wire.encode(message, os.getpid()), overwrite=True,
+                                      namespace=NAMESPACE)
         except Exception:
             return False
         return True
 
-    def take_messages(self) -> list[dict[str, Any]]:
-        import contextlib
-        import json
+    def take_messages(self) -> list[wire.Envelope]:
+        """The loop's messages, oldest first; what does not decode is dropped."""
+        from esiwrap.trainer import wire
 
         keys = self._kv._internal_kv_list(self._prefix + "msg/", namespace=NAMESPACE)
         messages = []
         for key in sorted(keys):
             raw = self._kv._internal_kv_get(key, namespace=NAMESPACE)
             self._kv._internal_kv_del(key, namespace=NAMESPACE)
-            with contextlib.suppress(ValueError, TypeError):
-                message = json.loads(raw)
-                if isinstance(message, dict):
-                    messages.append(message)
+            decoded = wire.decode(raw if isinstance(raw, bytes) else str(raw).encode("utf-8"))
+            if isinstance(decoded, wire.Envelope):
+                messages.append(decoded)
         return messages

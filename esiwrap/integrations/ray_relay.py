@@ -10,8 +10,10 @@ So the driver is the one process esiwrap signals and hears from:
 * Save requests go down through Ray's internal KV: the driver bumps a counter, the TaskRunner
   reads it at each step boundary (one KV get, well under a millisecond).
 * The TaskRunner's events go up the same way: it puts them under a key prefix, the driver's
-  thread forwards them to esiwrap's socket as its own messages. A relayed `hello` re-announces
-  the driver as the process that saves (`saves: true`), carrying the loop's details.
+  thread forwards them to esiwrap's socket as its own messages (under its own pid: esiwrap hears
+  the driver, the one process of the job in its tree). A relayed `hello` re-announces the driver
+  as the process that saves (`saves: true`), carrying the loop's details. Every hello of the
+  driver says `relay: true`.
 * `worker_setup` runs in every worker of the job: a save-signal handler (a stray signal must
   never kill a Ray worker) and the verl post-import hooks.
 * Once connected, the driver also watches every other node's deadline (`ray_nodes`) and sends
@@ -28,7 +30,7 @@ import threading
 from esiwrap.envvars import CHAINED_RAY_ENV_HOOK, CHAINED_SETUP_HOOK_ENV, RELAY_ENV, SIGNAL_ENV
 from esiwrap.integrations.ray_kv import KvRelay, install_signal_flag, signal_flag
 from esiwrap.paths import package_dir
-from esiwrap.trainer import wire as messages
+from esiwrap.trainer import wire
 
 TYPE_CHECKING = False  # workers import this at start-up: the typing module only for mypy
 if TYPE_CHECKING:
@@ -47,7 +49,6 @@ __all__ = [
 
 SETUP_HOOK = "esiwrap.integrations.ray_relay.worker_setup"
 RELAY_POLL_S = 0.2  # how often the driver looks for the TaskRunner's events
-HELLO_FIELDS_OWNED_BY_DRIVER = frozenset({"type", "pid", "signal", "stop_signal", "saves"})
 
 
 # ---------------------------------------------------------------------- the driver
@@ -96,7 +97,7 @@ class _Driver:
 
         self.relay_id = ""
         self.client: ChannelClient = ChannelClient.from_env()
-        self.base_hello: dict[str, Any] = {}
+        self.base_hello = wire.Hello()
         self.requests_sent = 0
         self._thread: threading.Thread | None = None
         self._wake_r = -1
@@ -114,13 +115,13 @@ class _Driver:
             self._take_wakeup_fd(wake_w)
         import ray
 
-        self.base_hello = {
-            "rank": 0, "world_size": 1, "signal": handled, "integration": "verl", "role": "ray-driver",
-            "ray_version": ray.__version__,
-        }
-        if _sigint_reaches_python():  # a clean Ray shutdown; SIGTERM makes Ray abort
-            self.base_hello["stop_signal"] = "SIGINT"
-        self.client.send(messages.HELLO, saves=False, **self.base_hello)
+        self.base_hello = wire.Hello(
+            rank=0, world_size=1, saves=False, signal=handled, integration="verl", relay=True,
+            # a clean Ray shutdown; SIGTERM makes Ray abort
+            stop_signal="SIGINT" if _sigint_reaches_python() else None,
+            extra={"role": "ray-driver", "ray_version": ray.__version__},
+        )
+        self.client.send(self.base_hello)
         self._thread = threading.Thread(target=self._run, name="esiwrap-relay", daemon=True)
         self._thread.start()
         return self.relay_id
@@ -171,18 +172,21 @@ class _Driver:
         from esiwrap.trainer.channel import ChannelClient
 
         client = ChannelClient.from_env()
-        ClusterWatch(lambda fields: client.send(messages.DEADLINE, **fields)).start()
+        ClusterWatch(lambda fields: client.send(wire.Deadline(**fields))).start()
 
-    def _forward(self, message: dict[str, Any]) -> None:
-        kind = str(message.pop("type", ""))
-        origin = message.pop("pid", None)
-        if kind == messages.HELLO:
-            fields = {k: v for k, v in message.items() if k not in HELLO_FIELDS_OWNED_BY_DRIVER}
-            fields = {**fields, **self.base_hello, "role": "ray-driver, relaying the verl loop"}
-            fields["relayed_from"] = {"pid": origin, "node": message.get("node")}
-            self.client.send(messages.HELLO, saves=True, **fields)
-        elif kind:
-            self.client.send(kind, **message)
+    def _forward(self, envelope: wire.Envelope) -> None:
+        """A message of the loop, sent to esiwrap as the driver's own."""
+        message = envelope.message
+        if isinstance(message, wire.Hello):
+            # what the loop says of itself; how to signal and stop the job is the driver's to say
+            base = self.base_hello
+            extra = {**message.extra, **base.extra, "role": "ray-driver, relaying the verl loop",
+                     "relayed_from": {"pid": envelope.pid, "node": message.extra.get("node")}}
+            self.client.send(message._replace(rank=base.rank, world_size=base.world_size, saves=True,
+                                              signal=base.signal, stop_signal=base.stop_signal,
+                                              integration=base.integration, relay=True, extra=extra))
+        else:
+            self.client.send(message)
 
 
 def _sigint_reaches_python() -> bool:

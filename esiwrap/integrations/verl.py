@@ -35,7 +35,7 @@ import time
 
 from esiwrap.envvars import SOCKET_ENV
 from esiwrap.integrations.verl_modules import VERL_LEGACY_MODULES, VERL_V1_MODULE
-from esiwrap.trainer import wire as messages
+from esiwrap.trainer import wire
 
 TYPE_CHECKING = False  # loaded at every Ray worker's start-up: the typing module only for mypy
 if TYPE_CHECKING:
@@ -63,7 +63,7 @@ if TYPE_CHECKING:
     class Transport(Protocol):
         """How the loop talks to esiwrap, relayed or not: events up, save requests down."""
 
-        def send(self, message_type: str, **fields: Any) -> bool:
+        def send(self, message: wire.Message) -> bool:
             """Like `ChannelClient.send`: never blocks long, never raises."""
 
         def request_count(self) -> int:
@@ -110,12 +110,16 @@ class _Loop:
         self.transport = transport
         self.kind = kind
         verl = sys.modules.get("verl")
-        transport.send(
-            messages.HELLO, rank=0, world_size=1, saves=True, signal=not relayed, integration="verl",
-            verl_version=getattr(verl, "__version__", "unknown"), loop=kind,
-            trainer=type(trainer).__qualname__ if trainer is not None else "", node=_node_ip(),
-            **_checkpoint_facts(trainer),
-        )
+        facts = _checkpoint_facts(trainer)
+        transport.send(wire.Hello(
+            rank=0, world_size=1, saves=True, signal=not relayed, integration="verl",
+            checkpoint_bytes=_size_or_none(facts.pop("checkpoint_bytes", None)),
+            checkpoint_dir=facts.pop("checkpoint_dir", None),
+            resumed_from=facts.pop("resumed_from", None),
+            extra={"verl_version": getattr(verl, "__version__", "unknown"), "loop": kind,
+                   "trainer": type(trainer).__qualname__ if trainer is not None else "", "node": _node_ip(),
+                   **facts},
+        ))
         return True
 
     def started(self, trainer: Any) -> None:
@@ -126,8 +130,8 @@ class _Loop:
         config = getattr(getattr(trainer, "config", None), "trainer", None)
         fields = {key: _config_text(config, key) for key in ("resume_mode", "default_local_dir",
                                                               "resume_from_path")}
-        self.transport.send(messages.START, step=int(getattr(trainer, "global_steps", 0) or 0),
-                            integration="verl", **fields)
+        self.transport.send(wire.Start(step=int(getattr(trainer, "global_steps", 0) or 0),
+                                       extra={"integration": "verl", **fields}))
 
     # -- requests
     def _request_count(self) -> int:
@@ -144,7 +148,7 @@ class _Loop:
         assert self.transport is not None
         now = time.monotonic()
         if self.last_boundary is not None:
-            self.transport.send(messages.STEP, step=int(step), duration_s=round(now - self.last_boundary, 6))
+            self.transport.send(wire.Step(step=int(step), duration_s=round(now - self.last_boundary, 6)))
         self.last_boundary = now
         self._finish_pending()
 
@@ -157,14 +161,14 @@ class _Loop:
         root = str(trainer.config.trainer.default_local_dir)
         path = os.path.join(root, f"global_step_{step}")
         requests = self._request_count()
-        transport.send(messages.SAVE_BEGIN, step=step)
+        transport.send(wire.SaveBegin(step=step))
         started = time.monotonic()
         self.depth += 1
         try:
             result = original(trainer, *args, **kwargs)
         except BaseException as exc:
-            transport.send(messages.SAVE_END, step=step, ok=False, path=path, error=repr(exc)[:500],
-                           duration_s=round(time.monotonic() - started, 6))
+            transport.send(wire.SaveEnd(step=step, ok=False, path=path, error=repr(exc)[:500],
+                                        duration_s=round(time.monotonic() - started, 6)))
             raise  # the request stays: the next boundary tries again
         finally:
             self.depth -= 1
@@ -185,8 +189,8 @@ class _Loop:
         still = []
         for save in self.pending:
             if _tracker_holds(str(save.trainer.config.trainer.default_local_dir), save.step):
-                self.transport.send(messages.SAVE_END, step=save.step, ok=True, path=save.path,
-                                    duration_s=round(time.monotonic() - save.started, 6))
+                self.transport.send(wire.SaveEnd(step=save.step, ok=True, path=save.path,
+                                                 duration_s=round(time.monotonic() - save.started, 6)))
             else:
                 still.append(save)
         self.pending = still
@@ -203,8 +207,8 @@ class _DirectChannel:
 
         self._client = ChannelClient.from_env()
 
-    def send(self, message_type: str, **fields: Any) -> bool:
-        return self._client.send(message_type, **fields)
+    def send(self, message: wire.Message) -> bool:
+        return self._client.send(message)
 
     def request_count(self) -> int:
         from esiwrap.integrations.ray_kv import signal_flag
@@ -241,6 +245,16 @@ def _checkpoint_facts(trainer: Any) -> dict[str, Any]:
     if latest is not None and os.path.isdir(os.path.join(root, f"global_step_{latest}")):
         facts["resumed_from"] = os.path.abspath(os.path.join(root, f"global_step_{latest}"))
     return facts
+
+
+def _size_or_none(value: Any) -> float | None:
+    """A checkpoint size the hello can carry (a finite number > 0), else None: a bad estimate must
+    not cost the hello (the whole message would be refused)."""
+    import math
+
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0:
+        return float(value)
+    return None
 
 
 def _tracker_step(root: str) -> int | None:

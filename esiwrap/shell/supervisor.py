@@ -20,7 +20,6 @@ status line, the metrics and the status file).
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import queue
 import selectors
@@ -40,7 +39,7 @@ from esiwrap.core.controller.job import Job
 from esiwrap.core.effects import Effects
 from esiwrap.core.runner import Runner
 from esiwrap.core.snapshot import Snapshot
-from esiwrap.envvars import HOOK_SWITCH_ENV, RUN_ID_ENV, SIGNAL_ENV, SOCKET_ENV, TRAINER_SIGTERM_SAVE
+from esiwrap.envvars import HOOK_SWITCH_ENV, RUN_ID_ENV, SIGNAL_ENV, SOCKET_ENV
 from esiwrap.errors import (
     EXIT_CHECKPOINTED,
     EXIT_FAILURE,
@@ -51,27 +50,22 @@ from esiwrap.errors import (
 from esiwrap.paths import bootstrap_dir
 from esiwrap.shell import durability, early, process, statefile, systemd
 from esiwrap.shell import upload_process as upload
+from esiwrap.shell.channel import TrainerChannel
 from esiwrap.shell.log import get_logger
 from esiwrap.shell.observe import Observer, ObserveSettings
 from esiwrap.shell.storage_probe import StorageProber
 from esiwrap.shell.tree import ProcessTree
 from esiwrap.shell.writer import FileWriter
 from esiwrap.signals import signal_label, signal_number
-from esiwrap.sources import remote
 from esiwrap.sources.base import Source
 from esiwrap.sources.chain import ask, release
 from esiwrap.sources.watcher import DeadlineWatcher
-from esiwrap.trainer import wire as messages
-from esiwrap.trainer.channel import ChannelServer, Message
 
 MAX_WAIT_S = 60.0  # re-read the wall clock at least this often: it can jump
 POLL_WITHOUT_PIDFD_S = 0.2  # only while stopping, on kernels without pidfd_open
 FILES_AT_EXIT_S = 10.0  # leaving waits this long at most for the last state and status writes
 HAS_PIDFD = hasattr(os, "pidfd_open")
 LogNote = tuple[str, str, dict[str, Any]]  # level, event, fields
-MAX_NODES = 1 << 20  # a hello's node count beyond this is not one
-MAX_REPORT_DELAY_S = 3600.0  # a report "later" than this was stamped by another machine's clock
-RESERVED_HELLO_KEYS = frozenset({"type", "pid", "event", "level", "timestamp", "run_id", "sent_mono"})
 
 
 @dataclass(frozen=True)
@@ -127,7 +121,7 @@ class Supervisor(Effects):
         self._selector = selectors.DefaultSelector()
         self._tree = ProcessTree(self._selector)
         self._trainer_fds: dict[int, int] = {}  # pid -> pidfd
-        self._channel: ChannelServer | None = None
+        self._channel: TrainerChannel | None = None
         self._signals: early.Caught | None = None  # the wakeup pipe, once `run` caught the signals
         self._wake_r, self._wake_w = socket.socketpair()
         for sock in (self._wake_r, self._wake_w):
@@ -148,7 +142,7 @@ class Supervisor(Effects):
                 shown = {k: v for k, v in fields.items() if k != "killed_run_id"}
                 getattr(self.logger, level)(event, **shown)
             self._feed(core.Launch())  # the no-progress guard may end the run here (exit 78)
-            self._channel = ChannelServer()
+            self._channel = TrainerChannel(self.logger, self._clock, self._trainer_fds.__contains__)
             self._start_child()
             self._watcher.start()
             self._loop()
@@ -170,6 +164,8 @@ class Supervisor(Effects):
             # Last, once the child's tree is gone: a Slurm requeue signals every process of the job.
             level, event, fields = self._before_checkpointed_exit()
             getattr(self.logger, level)(event, **fields)
+        if self._channel is not None:
+            self._channel.tell_untold()  # refusals not logged yet: before the last line
         snapshot = self._snapshot()
         self.logger.info(ev.SUPERVISOR_EXIT, code=code, reason=reason, last_step=snapshot.last_step,
                       checkpoint_step=snapshot.last_checkpoint_step, durable_step=snapshot.durable_step,
@@ -453,62 +449,17 @@ class Supervisor(Effects):
             self._feed(self._background.get_nowait())
 
     def _on_channel(self, _: selectors.SelectorKey) -> None:
+        """What trainers said (`esiwrap.shell.channel`: what may not be believed is refused there,
+        or by the controller); a trainer that said hello from our tree is watched until it exits."""
         assert self._channel is not None
-        received = time.monotonic()
-        for message in self._channel.receive():
-            input_ = self._input_of(message, received)
-            if input_ is not None:
-                self._feed(input_)
+        for input_ in self._channel.receive(time.monotonic()):
+            if isinstance(input_, core.Hello) and input_.descendant:
+                self._watch_trainer(input_.pid)  # after a bye too: its exit frees the pid
+            self._feed(input_)
 
-    def _input_of(self, message: Message, received_mono: float) -> core.Input | None:
-        step = message.get_int("step")
-        delay = _report_delay(message, received_mono)
-        if message.type == messages.HELLO:
-            return self._hello(message)
-        if message.type == messages.BYE:  # its pidfd stays watched: its exit frees the pid
-            return core.TrainerLeft(message.pid)
-        if message.type == messages.STEP:
-            return core.Step(message.pid, step, _finite(message.get_float("duration_s")), delay)
-        if message.type == messages.CHECKPOINT:
-            size = _positive(message.get_float("bytes"))
-            return core.CheckpointSize(message.pid, size) if size is not None else None
-        peer = message.get_bool("peer", False)  # another node's esiwrap asked for this save
-        if message.type == messages.SAVE_BEGIN:
-            return core.SaveBegin(message.pid, step, peer=peer)
-        if message.type == messages.SAVE_SNAPSHOT:
-            return core.SaveSnapshot(message.pid, step, _finite(message.get_float("duration_s")), peer=peer)
-        if message.type == messages.SAVE_END:
-            return core.SaveEnd(
-                message.pid, step, ok=message.get_bool("ok", True),
-                duration_s=_finite(message.get_float("duration_s")), path=message.get_str("path"),
-                error=message.get_str("error"), peer=peer, delay_s=delay,
-            )
-        if message.type == messages.START:  # where training starts (the verl hook, after loading)
-            fields = {k: v for k, v in message.fields.items() if k not in RESERVED_HELLO_KEYS | {"step"}}
-            return core.TrainingStart(message.pid, step, fields)
-        if message.type == messages.DEADLINE:  # another node's answer, relayed by a Ray driver (ray_nodes)
-            answer = remote.from_fields(message.fields, self._clock())
-            return core.DeadlineAnswers((answer,)) if answer is not None else None
-        return None
-
-    def _hello(self, message: Message) -> core.Hello:
-        wants_signal = message.get_bool("signal", True)
-        descendant = process.is_descendant(message.pid, os.getpid()) if wants_signal else True
-        stop_name = message.get_str("stop_signal")
-        stop_signal = signal_number(stop_name) if stop_name else None
-        if descendant:
-            self._watch_trainer(message.pid)
-        return core.Hello(
-            pid=message.pid, rank=message.get_int("rank"), saves=message.get_bool("saves", True),
-            wants_signal=wants_signal, descendant=descendant,
-            stop_signal=signal_label(stop_signal) if stop_signal is not None else None,
-            fields={k: v for k, v in message.fields.items() if k not in RESERVED_HELLO_KEYS},
-            checkpoint_bytes=_positive(message.get_float("checkpoint_bytes")),
-            checkpoint_dir=message.get_str("checkpoint_dir")[:4096] or None,
-            resumed_from=message.get_str("resumed_from")[:4096] or None,
-            nodes=min(message.get_int("nodes"), MAX_NODES) or None,
-            sigterm_saves=message.get_str("sigterm") == TRAINER_SIGTERM_SAVE,
-        )
+    def refuse_message(self, action: core.RefuseMessage) -> None:
+        if self._channel is not None:
+            self._channel.refuse(action)
 
     def _watch_trainer(self, pid: int) -> None:
         """A pidfd per trainer: the loop learns at once when one exits (no polling)."""
@@ -525,6 +476,8 @@ class Supervisor(Effects):
         self._feed(core.TrainerGone(pid))
 
     def _forget_trainer(self, pid: int) -> None:
+        if self._channel is not None:
+            self._channel.forget(pid)
         fd = self._trainer_fds.pop(pid, None)
         if fd is None:
             return
@@ -609,25 +562,6 @@ def _child_exited(pid: int, status: int) -> core.ChildExited:
         signum = os.WTERMSIG(status)
         return core.ChildExited(pid, None, signal_label(signum), signum)
     return core.ChildExited(pid, os.waitstatus_to_exitcode(status))
-
-
-def _report_delay(message: Message, received_mono: float) -> float | None:
-    """How long a report took from its sender to the loop, when the sender stamped it with this
-    machine's monotonic clock (None: not stamped, or by a clock that is not this machine's)."""
-    sent = message.get_float("sent_mono", math.nan)
-    if not math.isfinite(sent):
-        return None
-    delay = received_mono - sent
-    return max(0.0, delay) if -0.05 <= delay <= MAX_REPORT_DELAY_S else None
-
-
-def _positive(value: float) -> float | None:
-    """A size the trainer reported, or None for anything that is not one (absent, NaN, 0)."""
-    return value if math.isfinite(value) and value > 0 else None
-
-
-def _finite(value: float) -> float:
-    return value if math.isfinite(value) and value >= 0 else 0.0
 
 
 def child_environment(base: Mapping[str, str], socket_path: str, config: SupervisorConfig) -> dict[str, str]:

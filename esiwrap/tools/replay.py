@@ -320,6 +320,9 @@ class _Shell(Effects):
     def release_capacity(self, action: core.ReleaseCapacity) -> None:
         pass
 
+    def refuse_message(self, action: core.RefuseMessage) -> None:
+        pass  # the simulated trainer says only what it may
+
     def advance(self, until: float, *, after_stop: bool = False) -> None:
         """Timers, deadline announcements, a write becoming durable and an upload ending, up to
         `until`, in order (`after_stop`: training is over, the uploads and the timers go on)."""

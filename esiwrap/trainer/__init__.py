@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import math
 import os
 import signal
 import threading
@@ -33,7 +34,7 @@ from typing import Any
 
 from esiwrap.envvars import SOCKET_ENV, TRAINER_SIGTERM_ENV, TRAINER_SIGTERM_SAVE
 from esiwrap.signals import save_signal
-from esiwrap.trainer import wire as messages
+from esiwrap.trainer import wire
 from esiwrap.trainer.channel import ChannelClient
 
 __all__ = [
@@ -139,18 +140,17 @@ def install(
     _state.client = ChannelClient.from_env()
     _state.last_boundary = time.monotonic()
     rank, world_size = _rank_and_world()
-    fields: dict[str, Any] = {"rank": rank, "world_size": world_size, "saves": saves}
-    fields.update(integration=integration, signal=True, **hello)
-    stop = stop_signal or _sigterm_saves()
-    if stop:
-        fields["stop_signal"] = stop
-    if _state.sigterm_taken:
-        fields["sigterm"] = TRAINER_SIGTERM_SAVE
-    fields.update(_checkpoint_fields(checkpoint_bytes, checkpoint_dir, resumed_from))
     nodes = _nodes(world_size)
-    if nodes > 1:
-        fields["nodes"] = nodes
-    _state.client.send(messages.HELLO, **fields)
+    message = wire.Hello(
+        rank=rank, world_size=world_size, saves=saves, signal=True, integration=integration,
+        stop_signal=stop_signal or _sigterm_saves(),
+        sigterm=TRAINER_SIGTERM_SAVE if _state.sigterm_taken else None,
+        nodes=nodes if nodes > 1 else None,
+        **_checkpoint_fields(checkpoint_bytes, checkpoint_dir, resumed_from),
+    )
+    known = {key: value for key, value in hello.items() if key in wire.Hello._fields and key != "extra"}
+    extra = {key: value for key, value in hello.items() if key not in known}
+    _state.client.send(message._replace(**known, extra=extra))
     _state.hello_pid, _state.bye_signum = os.getpid(), chosen
     if not _state.bye_registered:
         atexit.register(_say_bye)
@@ -177,7 +177,7 @@ def _say_bye() -> None:
         if _state.signum == signum:  # a later uninstall() must not give the signal back
             _state.signum, _state.previous = None, None
     with contextlib.suppress(Exception):  # send() never raises; a resend thread may not start now
-        _state.client.send(messages.BYE)
+        _state.client.send(wire.Bye())
 
 
 def _sigterm_saves() -> str | None:
@@ -208,7 +208,7 @@ def _obeyed_stop_signal() -> str | None:
 def _checkpoint_fields(nbytes: float | None, directory: str | os.PathLike[str] | None,
                        resumed_from: str | os.PathLike[str] | None) -> dict[str, Any]:
     fields: dict[str, Any] = {}
-    if nbytes is not None and nbytes > 0:
+    if nbytes is not None and nbytes > 0 and math.isfinite(nbytes):
         fields["checkpoint_bytes"] = float(nbytes)
     if directory is not None:
         fields["checkpoint_dir"] = os.path.abspath(os.fspath(directory))
@@ -229,8 +229,8 @@ def _nodes(world_size: int) -> int:
 def report_checkpoint_bytes(nbytes: float) -> None:
     """Tell esiwrap (again) what this process writes of a checkpoint: once the optimizer's state
     exists, or when the checkpoint grows. Never blocks or raises."""
-    if nbytes > 0:
-        _state.client.send(messages.CHECKPOINT, bytes=float(nbytes))
+    if nbytes > 0 and math.isfinite(nbytes):
+        _state.client.send(wire.Checkpoint(bytes=float(nbytes)))
 
 
 def checkpoint_bytes(*objects: Any) -> int:
@@ -337,7 +337,7 @@ def step_done(step: int) -> None:
     now = time.monotonic()
     duration_s = now - _state.last_boundary
     _state.last_boundary = now
-    _state.client.send(messages.STEP, step=int(step), duration_s=round(duration_s, 6))
+    _state.client.send(wire.Step(step=int(step), duration_s=round(max(0.0, duration_s), 6)))
 
 
 @contextmanager
@@ -363,7 +363,7 @@ def save_started(step: int) -> None:
     """Report that a checkpoint write begins (for callbacks, where a `with` block cannot span
     the hooks that start and end the write; `saving()` is this pair around a block)."""
     _state.save_started_at = time.monotonic()
-    _state.client.send(messages.SAVE_BEGIN, step=int(step), **_peer_field())
+    _state.client.send(wire.SaveBegin(step=int(step), peer=_state.peer))
 
 
 def save_snapshotted(step: int) -> None:
@@ -371,9 +371,10 @@ def save_snapshotted(step: int) -> None:
     background): training resumes, and esiwrap counts only this part as time lost to training.
     The request is served: it is cleared. Call `save_finished` once the write is durable."""
     started = _state.save_started_at if _state.save_started_at is not None else time.monotonic()
+    peer = _state.peer
     clear()
-    _state.client.send(messages.SAVE_SNAPSHOT, step=int(step),
-                       duration_s=round(time.monotonic() - started, 6), **_peer_field())
+    _state.client.send(wire.SaveSnapshot(step=int(step), duration_s=round(time.monotonic() - started, 6),
+                                         peer=peer))
 
 
 def save_finished(step: int, path: str | os.PathLike[str] | None = None, *,
@@ -389,20 +390,19 @@ def save_finished(step: int, path: str | os.PathLike[str] | None = None, *,
     at a step boundary once the write is done), never from a callback thread."""
     started = _state.save_started_at if _state.save_started_at is not None else time.monotonic()
     _state.save_started_at = None
-    peer = _peer_field()
+    peer = _state.peer
     if _state.agreed:
         _state.agreed = False
         error = _agree_on_the_outcome(error)
-    fields: dict[str, Any] = {
-        "step": int(step), "ok": error is None, "path": os.fspath(path) if path is not None else None,
-        "duration_s": round(time.monotonic() - started, 6), **peer,
-    }
+    message = wire.SaveEnd(step=int(step), ok=error is None,
+                           path=os.fspath(path) if path is not None else None,
+                           duration_s=round(time.monotonic() - started, 6),
+                           error=error[:500] if error is not None else None, peer=peer)
     if error is not None:
-        fields["error"] = error[:500]
         request_save()
     else:
         clear()
-    _state.client.send(messages.SAVE_END, **fields)
+    _state.client.send(message)
 
 
 class AsyncSave:
@@ -443,11 +443,6 @@ def _agree_on_the_outcome(error: str | None) -> str | None:
     if error is None and failed_anywhere:
         return "the save failed on another rank"
     return error
-
-
-def _peer_field() -> dict[str, bool]:
-    """`peer: true` in the save messages of a save another node's esiwrap asked for."""
-    return {"peer": True} if _state.peer else {}
 
 
 def any_rank(flag: bool) -> bool:

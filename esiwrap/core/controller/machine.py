@@ -26,7 +26,11 @@ from esiwrap.core.controller.outbox import Outbox, rounded, rounded_opt
 from esiwrap.core.controller.planning import Planner
 from esiwrap.core.controller.probe import StorageProbe
 from esiwrap.core.controller.protocol import (
+    NEVER_BEGUN,
     NO_FIELDS,
+    NOT_ATTACHED,
+    NOT_IN_TREE,
+    SAID_BYE,
     TRAINER_REPORTS,
     Action,
     CheckpointSize,
@@ -43,6 +47,7 @@ from esiwrap.core.controller.protocol import (
     Launch,
     NotifyStopping,
     Now,
+    RefuseMessage,
     ReleaseCapacity,
     SaveBegin,
     SaveEnd,
@@ -161,7 +166,8 @@ class Controller:
         every input that was waiting when the loop woke is applied before a timer decides).
         Anything that is not an `Input` is the caller's bug: TypeError at once."""
         if isinstance(input_, TRAINER_REPORTS) and not self.roster.attached(input_.pid):
-            return self.out.take()  # only a trainer that said hello reports steps and saves
+            self.out.act(RefuseMessage(input_, NOT_ATTACHED))  # only a trainer that said hello reports
+            return self.out.take()
         self._route(input_, now)
         return self.out.take()
 
@@ -283,14 +289,13 @@ class Controller:
             self._keep_state(now)
 
     def _on_hello(self, hello: Hello, now: Now) -> None:
-        if hello.wants_signal and not hello.descendant:
-            # we only ever signal our own tree; relayed processes say signal=false
-            self._log("warning", ev.TRAINER_REJECTED, pid=hello.pid, reason="not a descendant of esiwrap")
+        if not hello.descendant:  # signalled or not, waited for or not: only our own tree speaks
+            self.out.act(RefuseMessage(hello, NOT_IN_TREE))
             return
         if self.roster.has_left(hello.pid):
             # sent before its bye and come late (another client of the same process, kept while
             # esiwrap's queue was full): the process is ending and ignores the save signal
-            self._log("info", ev.TRAINER_REJECTED, pid=hello.pid, reason="it said bye: its process is ending")
+            self.out.act(RefuseMessage(hello, SAID_BYE))
             return
         more_nodes = self.roster.attach(hello, now.wall)
         self._log("info", ev.TRAINER_ATTACHED, pid=hello.pid, **hello.fields)
@@ -324,6 +329,7 @@ class Controller:
         self.probe.again(self.roster.checkpoint_dir)
 
     def _on_trainer_gone(self, gone: TrainerGone, now: Now) -> None:
+        self.saves.forget(gone.pid)
         if self.roster.gone(gone.pid) and self.saves.request is not None:
             self._check_acknowledged(now)  # it may have been the last one to wait for
 
@@ -344,6 +350,7 @@ class Controller:
             fields["hint"] = no_handler
         self._log("info", ev.CHILD_EXITED, **fields)
         self.roster.child_exited(exited)
+        self.saves.forget(exited.pid)
         if not stopping:
             self._begin_stop("child exited" if no_handler is None else f"child exited: {no_handler}", None,
                              "child", now)
@@ -402,10 +409,16 @@ class Controller:
         self.saves.begin(begin, now)
 
     def _on_save_snapshot(self, snapshot: SaveSnapshot, now: Now) -> None:
+        if not self.saves.began(snapshot.pid, snapshot.step):
+            self.out.act(RefuseMessage(snapshot, NEVER_BEGUN))
+            return
         self._adopt_peer_request(snapshot, now)
         self.saves.snapshot(snapshot, now)
 
     def _on_save_end(self, end: SaveEnd, now: Now) -> None:
+        if not self.saves.ends(end.pid, end.step):  # a save that was never begun is no evidence
+            self.out.act(RefuseMessage(end, NEVER_BEGUN))
+            return
         if end.delay_s is not None:
             self.obs.report_delay.record(end.delay_s)
         if not end.ok:

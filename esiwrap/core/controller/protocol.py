@@ -319,10 +319,26 @@ class CheckFilesystem(NamedTuple):
     path: str
 
 
-TRAINER_REPORTS = (Step, SaveBegin, SaveSnapshot, SaveEnd, CheckpointSize, TrainingStart)
+class RefuseMessage(NamedTuple):
+    """A trainer's message is not believed (it changes nothing): say so. The shell names the
+    sender (its command line) and keeps repeats down."""
+
+    refused: Input
+    reason: str
+
+
+TRAINER_REPORTS = (Step, SaveBegin, SaveSnapshot, SaveEnd, CheckpointSize, TrainingStart, TrainerLeft)
+"""What only an attached trainer may say (or the child itself, with --signal-child)."""
+# Why a message is refused: a process outside esiwrap's tree (the shell refuses its other messages
+# for the same reason), one that is not attached, a save's end or snapshot with no begin.
+NOT_IN_TREE = "not in esiwrap's process tree"
+NOT_ATTACHED = "not attached: it never said hello (or it said bye)"
+NEVER_BEGUN = "it sent no save_begin for this step"
+SAID_BYE = "it said bye: its process is ending"  # a hello sent before the bye, read after it
 
 Action = (
     SendSignal | StopChild | KillTree | TermLeftovers | CheckTree | Log | NotifyStopping | ExtendStopTimeout
     | KeepState | ReleaseCapacity | Exit | ProbeStorage | StartUpload | StopUpload | CheckFilesystem
+    | RefuseMessage
 )
 PROBE_REPEAT_S = 6 * 3600.0  # while no save is measured, probe the storage again this often

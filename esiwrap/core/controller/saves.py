@@ -16,6 +16,8 @@ from esiwrap.core.policy import Observations, SavePlan
 from esiwrap.core.values import Checkpoint, Deadline
 from esiwrap.times import iso_utc
 
+MAX_OPEN_SAVES = 16  # saves begun and not yet ended, per process (asynchronous writes overlap)
+
 
 @dataclass
 class SaveRequest:
@@ -42,6 +44,9 @@ class SaveCycle:
         # This run's counts, for the metrics: saves completed (asked for, or the trainer's own),
         # failed (the trainer said so), missed (no acknowledgement in time).
         self.completed_total = self.failed_total = self.missed_total = 0
+        # The steps each process began a save of and has not ended (oldest first): a save_end or
+        # save_snapshot is evidence only of a save its sender began.
+        self.open: dict[int, list[int]] = {}
 
     def ask(self, reason: str, now: Now, plan: SavePlan | None = None,
             signalled: set[int] | None = None) -> SaveRequest:
@@ -81,7 +86,29 @@ class SaveCycle:
         if self.request is not None:
             self.request.boundaries += 1
 
+    def began(self, pid: int, step: int) -> bool:
+        """`pid` began a save of `step` and has not ended it."""
+        return step in self.open.get(pid, ())
+
+    def ends(self, pid: int, step: int) -> bool:
+        """`pid` ends its save of `step` (done or failed): True when it had begun one."""
+        steps = self.open.get(pid, [])
+        if step not in steps:
+            return False
+        steps.remove(step)
+        if not steps:
+            del self.open[pid]
+        return True
+
+    def forget(self, pid: int) -> None:
+        """The process left: the saves it began will not end."""
+        self.open.pop(pid, None)
+
     def begin(self, begin: SaveBegin, now: Now) -> None:
+        steps = self.open.setdefault(begin.pid, [])
+        if begin.step not in steps:
+            steps.append(begin.step)
+            del steps[:-MAX_OPEN_SAVES]
         request = self.request
         if request is None:
             self._out.log("info", ev.SAVE_STARTED, step=begin.step, pid=begin.pid, requested=False)
