@@ -86,6 +86,25 @@ EARLY_WARNING = _event(
 DEADLINE_UNAVAILABLE = _event(
     "deadline_unavailable", DEADLINES, "a source could not answer (again only when the reason changes)",
     "source, reason (info level when the source simply does not apply)")
+CLOCK_JUMPED = _event(
+    "clock_jumped", DEADLINES,
+    "the wall clock moved more than 2 s more (or less) than the monotonic clock between two of "
+    "esiwrap's wake-ups (warning): the deadline is on the wall clock, so the plan follows it",
+    "jump_s (+ forward, - back), direction, wall_expected (where the wall clock should be), wall_now, "
+    "monotonic_elapsed_s, likely_cause (forward: the machine was paused or snapshotted, or the clock "
+    "stepped; back: the clock stepped)")
+DEADLINE_PASSED_ALIVE = _event(
+    "deadline_passed_alive", DEADLINES,
+    "the deadline passed with no checkpoint while esiwrap and the trainer still run (a clock jump, a "
+    "late wake-up, a save that ran long): a last-chance save, waited for up to --stop-grace (warning)",
+    "late_s (how far past the deadline), deadline, clock_jump (jump_s, at; when one came), action")
+DEADLINE_OVERSTAYED = _event(
+    "deadline_overstayed", DEADLINES,
+    "esiwrap still runs a minute past its deadline: the source may be wrong; it is asked again at once "
+    "(warning)", "deadline, source, overstay_s, action")
+DEADLINE_RECHECKED = _event(
+    "deadline_rechecked", DEADLINES, "what the sources said when asked again after an overstay",
+    "answers (source, deadline or reason, each)")
 DEADLINE_TOO_CLOSE = _event(
     "deadline_too_close", DEADLINES, "the insurance save no longer fits (warning): it is requested at once",
     "remaining_s, needed_s")

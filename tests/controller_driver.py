@@ -32,7 +32,7 @@ class Recording(Effects):
 
     log = send_signal = stop_child = kill_tree = term_leftovers = check_tree = keep_state = _record
     notify_stopping = extend_stop_timeout = probe_storage = start_upload = stop_upload = _record
-    check_filesystem = release_capacity = refuse_message = exit = _record
+    check_filesystem = release_capacity = refuse_message = resolve_deadline = exit = _record
 
 
 class Driver:

@@ -605,9 +605,9 @@ def test_a_miss_with_a_save_begun_and_never_ended_says_so_and_names_a_failed_sav
 def test_inputs_applied_before_the_timers_count_a_save_acknowledged_before_a_late_wake() -> None:
     """The loop was held up past the deadline while the step report, save_begin and save_end of
     the insurance save waited in the channel. The runner applies every waiting input, then fires
-    the timers once: the checkpoint counts (exit 75, "checkpoint complete"). Had the timers fired
-    after the first of them, the deadline's timer would have decided before the save_end: exit 76
-    (each input a wake-up of its own shows it)."""
+    the timers once: the checkpoint counts as it came, before the deadline was acted on. Had the
+    timers fired after the first of them, the deadline would have found no checkpoint: only the
+    last-chance save (the machine is still running) keeps that run from exit 76."""
     def held_up(one_wake: bool) -> Driver:
         d = Driver(ControllerConfig(policy=PolicyConfig(redundant_s=2.0, save_duration_s=1.0)))
         d.deadline(40.0)
@@ -628,10 +628,12 @@ def test_inputs_applied_before_the_timers_count_a_save_acknowledged_before_a_lat
     assert applied_first.controller.stop is not None
     assert applied_first.controller.stop.exit_status == EXIT_CHECKPOINTED
     assert not logs(applied_first.actions, "save_missed")
+    assert not logs(applied_first.actions, "deadline_passed_alive")
     assert [e["kind"] for e in logs(applied_first.actions, "save_completed")] == ["insurance"]
     one_at_a_time = held_up(one_wake=False)
+    assert logs(one_at_a_time.actions, "deadline_passed_alive")
     assert one_at_a_time.controller.stop is not None
-    assert one_at_a_time.controller.stop.exit_status == EXIT_SAVE_MISSED
+    assert "after the deadline (a last-chance save" in one_at_a_time.controller.stop.reason
 
 
 def test_nobody_to_save_logs_why_before_the_graceful_stop() -> None:

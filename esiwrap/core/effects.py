@@ -29,6 +29,7 @@ from esiwrap.core.controller.protocol import (
     ProbeStorage,
     RefuseMessage,
     ReleaseCapacity,
+    ResolveDeadline,
     SendSignal,
     StartUpload,
     StopChild,
@@ -83,6 +84,9 @@ class Effects(abc.ABC):
     def release_capacity(self, action: ReleaseCapacity) -> None: ...
 
     @abc.abstractmethod
+    def resolve_deadline(self, action: ResolveDeadline) -> None: ...
+
+    @abc.abstractmethod
     def refuse_message(self, action: RefuseMessage) -> None: ...
 
     @abc.abstractmethod
@@ -105,6 +109,7 @@ EFFECTS: Mapping[type[Action], str] = {
     StopUpload: "stop_upload",
     CheckFilesystem: "check_filesystem",
     ReleaseCapacity: "release_capacity",
+    ResolveDeadline: "resolve_deadline",
     RefuseMessage: "refuse_message",
     Exit: "exit",
 }

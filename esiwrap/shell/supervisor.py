@@ -332,6 +332,12 @@ class Supervisor(Effects):
         if self._upload is not None and signum is not None:
             self._upload.signal(signum)
 
+    def resolve_deadline(self, action: core.ResolveDeadline) -> None:
+        """Every source asked again now: the local ones here (instant), the others on their threads."""
+        if self._static:
+            self._feed(core.DeadlineAnswers(tuple(ask(s, self._clock()) for s in self._static)))
+        self._watcher.ask_now()
+
     def exit(self, action: core.Exit) -> None:
         raise Halt(action.reason, action.code, action.cause)
 

@@ -31,6 +31,8 @@ class DeadlineWatcher:
         self._wake = wake
         self._answers: queue.SimpleQueue[list[Answer]] = queue.SimpleQueue()
         self._stopping = threading.Event()
+        self._nudge = threading.Condition()  # `ask_now`: every source is asked again at once
+        self._round = 0
         self._first_round: dict[int, Answer] | None = {}  # None once handed over
         self._first_lock = threading.Lock()
         self._first_timer = threading.Timer(FIRST_ROUND_WAIT_S, self._hand_over_first_round)
@@ -48,6 +50,8 @@ class DeadlineWatcher:
 
     def stop(self) -> None:
         self._stopping.set()
+        with self._nudge:
+            self._nudge.notify_all()
         self._first_timer.cancel()
 
     def drain(self) -> list[Answer]:
@@ -71,7 +75,20 @@ class DeadlineWatcher:
             period = _period(source)  # read after asking: a source may back off after a failure
             if not period:
                 return  # a static source: its answer cannot change
-            self._stopping.wait(period)
+            self._wait(period)
+
+    def ask_now(self) -> None:
+        """Ask every periodic source again now, not at the end of its period (the answers come
+        as usual, through `drain`)."""
+        with self._nudge:
+            self._round += 1
+            self._nudge.notify_all()
+
+    def _wait(self, period: float) -> None:
+        """Until the period is over, `ask_now` is called or the watcher stops."""
+        with self._nudge:
+            start = self._round
+            self._nudge.wait_for(lambda: self._round != start or self._stopping.is_set(), timeout=period)
 
     def _first_answer(self, index: int, answer: Answer) -> None:
         with self._first_lock:

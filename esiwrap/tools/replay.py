@@ -320,6 +320,9 @@ class _Shell(Effects):
     def release_capacity(self, action: core.ReleaseCapacity) -> None:
         pass
 
+    def resolve_deadline(self, action: core.ResolveDeadline) -> None:
+        pass  # the trace's deadline and its changes come when they come
+
     def refuse_message(self, action: core.RefuseMessage) -> None:
         pass  # the simulated trainer says only what it may
 

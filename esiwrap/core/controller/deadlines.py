@@ -14,6 +14,8 @@ from esiwrap.core.controller.timers import Timer
 from esiwrap.core.policy import Capacity
 from esiwrap.core.values import NODE_PREFIX, Answer, CapacityKind, Deadline, winner
 
+OVERSTAY_S = 60.0  # still here this long past the deadline: the sources are asked again
+
 
 class AnswerNews(NamedTuple):
     """What one answer changed that the controller acts on."""
@@ -35,6 +37,25 @@ class DeadlineBook:
         self._capacities: dict[str, CapacityKind] = {}  # source -> the capacity kind it reported
         self._notices: dict[str, float] = {}  # source -> the notice it watches for now (spot)
         self._node_sources: set[str] = set()  # other Ray nodes' sources that answered (node:<id>/…)
+        self._overstay_asked: float | None = None  # the deadline the sources were asked again about
+        self.recheck_pending = False  # the next answers are logged whatever they say
+
+    def overstayed(self, now: Now) -> None:
+        """Still here OVERSTAY_S past the ruling deadline: say so, once for this deadline; the
+        sources are asked again (the controller acts) and what they say next is logged."""
+        deadline = self.deadline
+        assert deadline is not None
+        self._overstay_asked, self.recheck_pending = deadline.at, True
+        self._out.log("warning", ev.DEADLINE_OVERSTAYED, deadline=deadline.iso(), source=deadline.source,
+                      overstay_s=rounded(now.wall - deadline.at),
+                      action="asking the sources again: the deadline they gave may be wrong")
+
+    def rechecked(self, answers: Iterable[Answer]) -> None:
+        """What the sources said when asked again after an overstay."""
+        self.recheck_pending = False
+        said = [{"source": a.source, "deadline": a.deadline.iso() if a.deadline else None,
+                 "reason": a.reason or None} for a in answers]
+        self._out.log("info", ev.DEADLINE_RECHECKED, answers=said)
 
     def take(self, answers: Iterable[Answer]) -> Iterator[tuple[Answer, AnswerNews]]:
         """Note each source's answer (log what a person should know of it), and yield what it
@@ -142,6 +163,12 @@ class DeadlineBook:
         return rounded(self.deadline.at - now.wall) if self.deadline is not None else None
 
     def timers(self, mode: Mode) -> list[Timer]:
-        if mode in (Mode.RUNNING, Mode.SAVE_REQUESTED) and self.deadline is not None:
-            return [Timer("deadline", "wall", self.deadline.at)]
-        return []
+        deadline = self.deadline
+        if deadline is None or mode is Mode.EXITED:
+            return []
+        timers = []
+        if mode in (Mode.RUNNING, Mode.SAVE_REQUESTED):
+            timers.append(Timer("deadline", "wall", deadline.at))
+        if self._overstay_asked != deadline.at:
+            timers.append(Timer("overstay", "wall", deadline.at + OVERSTAY_S))
+        return timers

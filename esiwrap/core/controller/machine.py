@@ -18,6 +18,7 @@ from typing import Any
 from esiwrap import events as ev
 from esiwrap.choices import LogLevel
 from esiwrap.core.controller.advisories import Advisories
+from esiwrap.core.controller.clock import ClockCheck
 from esiwrap.core.controller.deadlines import DeadlineBook
 from esiwrap.core.controller.job import Job, Measured, Progress
 from esiwrap.core.controller.misses import miss_facts, never_came
@@ -49,6 +50,7 @@ from esiwrap.core.controller.protocol import (
     Now,
     RefuseMessage,
     ReleaseCapacity,
+    ResolveDeadline,
     SaveBegin,
     SaveEnd,
     SaveSnapshot,
@@ -108,7 +110,9 @@ class Controller:
         self.stopping = StopSequence(self.out, config.stop_grace_s)
         self.probe = StorageProbe(self.out, self.obs, config.probe_storage, config.probe_dir)
         self.advisories = Advisories(self.out, config.stop_budget_s, resume_from)
+        self.clock = ClockCheck(self.out)
         self._sigints = 0
+        self._last_report_mono: float | None = None  # the last step report, on the monotonic clock
         self._routes: Mapping[type, Callable[[Any, Now], None]] = {
             Launch: self._on_launch, ChildStarted: self._on_child_started, Hello: self._on_hello,
             CheckpointSize: self._on_checkpoint_size, StorageProbed: self._on_storage_probed,
@@ -125,6 +129,7 @@ class Controller:
             "deadline": self._on_deadline, "unattached stop": self._on_unattached_stop,
             "save signal": self._on_save_signal, "storage probe": self._on_storage_probe,
             "upload decision": self._on_upload_decision, "heartbeat": self._on_heartbeat,
+            "overstay": self._on_overstay,
         }
 
     # ------------------------------------------------------------------ what others read
@@ -165,6 +170,7 @@ class Controller:
         """React to one input; the timers it made due fire at the next `tick` (`esiwrap.core.runner`:
         every input that was waiting when the loop woke is applied before a timer decides).
         Anything that is not an `Input` is the caller's bug: TypeError at once."""
+        self._check_clock(now)
         if isinstance(input_, TRAINER_REPORTS) and not self.roster.attached(input_.pid):
             self.out.act(RefuseMessage(input_, NOT_ATTACHED))  # only a trainer that said hello reports
             return self.out.take()
@@ -182,6 +188,7 @@ class Controller:
         """The loop woke up (a timer, or anything else): fire the timers that are due; while
         stopping, ask for the child's tree to be checked. `late_s`: how long after the wake-up the
         loop asked for (`wake_at`) it got to run, when it slept until then; plans keep it as margin."""
+        self._check_clock(now)
         if late_s is not None:
             self.obs.timer_late.record(late_s)
         self._fire_timers(now)
@@ -239,6 +246,18 @@ class Controller:
 
     def _on_save_signal(self, now: Now) -> None:
         self._request_save("deadline", now)
+
+    def _check_clock(self, now: Now) -> None:
+        """The wall clock against the monotonic one since the last call (`clock`): after a jump,
+        the plan is made again, and says it follows the jump."""
+        jump = self.clock.check(now)
+        if jump is not None and self.mode is not Mode.EXITED:
+            self.planner.after_jump(jump.words())
+            self._replan(now)
+
+    def _on_overstay(self, now: Now) -> None:
+        self.book.overstayed(now)
+        self.out.act(ResolveDeadline("still running a minute past the deadline"))
 
     def _log(self, level: LogLevel, event: str, **fields: Any) -> None:
         self.out.log(level, event, **fields)
@@ -381,6 +400,7 @@ class Controller:
         if report.delay_s is not None:
             self.obs.report_delay.record(report.delay_s)
         self.saves.boundary()
+        self._last_report_mono = now.mono
         first = self.obs.last_step is None
         interval = self.obs.record_step(report.step, report.duration_s, now.wall)
         delay = {} if report.delay_s is None else {"delivery_s": rounded(report.delay_s)}
@@ -442,7 +462,12 @@ class Controller:
         self._save_completed(step, messages, now, requested=True, kind=request.kind)
         if self.mode is Mode.DRAINING:
             self.stopping.drained()
-            self._begin_stop(f"checkpoint complete after {request.reason}", EXIT_CHECKPOINTED,
+            deadline = self.book.deadline
+            after = f"after {request.reason}"
+            if deadline is not None and now.wall > deadline.at:  # a last-chance save
+                after = (f"{now.wall - deadline.at:.1f}s after the deadline (a last-chance save: the "
+                         "machine was still running)")
+            self._begin_stop(f"checkpoint complete {after}", EXIT_CHECKPOINTED,
                              "sigterm" if request.reason == "sigterm" else "deadline", now)
             return
         if request.reason == "peer":  # the node that asked stops its ranks: the job ends here too
@@ -549,6 +574,8 @@ class Controller:
 
     # ------------------------------------------------------------------ the deadline
     def _on_deadline_answers(self, given: DeadlineAnswers, now: Now) -> None:
+        if self.book.recheck_pending:
+            self.book.rechecked(given.answers)
         capacity_before = self.obs.capacity
         cancelled = False  # the ruling deadline's own source took it back
         for answer, news in self.book.take(given.answers):
@@ -627,13 +654,35 @@ class Controller:
         if self.saves.last_checkpoint is not None:
             self._begin_stop("deadline reached", EXIT_CHECKPOINTED, "deadline", now)
             return
+        if self.roster.signal_targets():
+            self._last_chance(now)
+            return
         self._missed("deadline passed without an acknowledged save", now)
+
+    def _last_chance(self, now: Now) -> None:
+        """The deadline passed with no checkpoint while esiwrap and a trainer still run (the wall
+        clock jumped, the loop woke late, the save ran long): the capacity may not be gone yet, so
+        a save now may still complete. The save signal goes out at once unless a save is under way,
+        and its acknowledgement is waited for up to --stop-grace: exit 75 when it comes (its reason
+        says it came after the deadline), 76 when it does not."""
+        deadline = self.book.deadline
+        assert deadline is not None
+        jump = self.clock.latest
+        self._log("warning", ev.DEADLINE_PASSED_ALIVE, late_s=rounded(now.wall - deadline.at),
+                  deadline=deadline.iso(), clock_jump=jump.fields() if jump is not None else None,
+                  action=f"a last-chance save, waited for up to {self.config.stop_grace_s:g}s")
+        if self.saves.request is None:
+            self._request_save("last_chance", now)
+        self._drain(now)
 
     def _missed(self, reason: str, now: Now, level: LogLevel = "error") -> None:
         """No checkpoint, and none can come now: say why (the last plan, the signal, what was late,
         what never came), then stop with exit 76."""
         self.saves.missed()
-        facts = miss_facts(self.saves.request, self.planner.plan, self.obs, now, self._never_came(now))
+        facts = miss_facts(self.saves.request, self.planner.plan, self.obs, now, self._never_came(now),
+                           self._last_report_mono, self.clock.latest)
+        if self.clock.latest is not None:
+            reason = f"{reason} ({self.clock.latest.words()})"
         self._log(level, ev.SAVE_MISSED, remaining_s=self._remaining(now), reason=reason, **facts)
         self._begin_stop(f"{reason}: {facts['never_came'][0]}", EXIT_SAVE_MISSED, "deadline", now)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from esiwrap.core.controller.clock import ClockJump
 from esiwrap.core.controller.outbox import rounded
 from esiwrap.core.controller.protocol import Now
 from esiwrap.core.controller.saves import SaveRequest
@@ -12,8 +13,11 @@ from esiwrap.times import iso_utc
 
 
 def miss_facts(request: SaveRequest | None, plan: SavePlan | None, obs: Observations, now: Now,
-               never_came: list[str]) -> dict[str, Any]:
-    """The last plan, the signal (when, to whom, how late), what was late, what never came."""
+               never_came: list[str], last_report_mono: float | None = None,
+               jump: ClockJump | None = None) -> dict[str, Any]:
+    """The last plan, the signal (when, to whom, how late), what was late (the last step report's
+    age on the monotonic clock: a wall clock that jumped would lie), what never came, and the
+    clock's last jump if there was one."""
     if request is not None and request.plan is not None:
         plan = request.plan
     return {
@@ -29,9 +33,10 @@ def miss_facts(request: SaveRequest | None, plan: SavePlan | None, obs: Observat
             "pids": sorted(request.signalled), "step_reports_since": request.boundaries},
         "late": {"timers_max_s": rounded(obs.timer_late.max_s),
                  "reports_max_s": rounded(obs.report_delay.max_s),
-                 "last_step_report_s_ago": rounded(now.wall - obs.step_started_at)
-                 if obs.last_step is not None and obs.step_started_at is not None else None},
+                 "last_step_report_s_ago": rounded(now.mono - last_report_mono)
+                 if last_report_mono is not None else None},
         "never_came": never_came,
+        "clock_jump": jump.fields() if jump is not None else None,
     }
 
 

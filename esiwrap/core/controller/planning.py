@@ -41,6 +41,11 @@ class Planner:
         self.awaits_upload = False  # no further save fits while this upload runs: decide at its end
         self._logged_signal_at: float | None = None
         self._warned_too_close = False
+        self._jump_note = ""  # the next plan logged says it follows a clock jump
+
+    def after_jump(self, words: str) -> None:
+        """The wall clock jumped: the next plan is logged (moved or not), and says so."""
+        self._logged_signal_at, self._jump_note = None, f"after {words}: "
 
     def replan(self, deadline: Deadline, now: Now, remaining_s: float | None) -> SavePlan | None:
         """The next save's plan against the deadline, logged when it moved; None: no further save."""
@@ -64,8 +69,9 @@ class Planner:
                 "info", ev.SAVE_SCHEDULED, kind=plan.kind, signal_at=iso_utc(plan.nominal_at),
                 in_s=rounded(plan.nominal_at - now.wall), step_estimate_s=rounded(plan.step_estimate_s),
                 save_estimate_s=rounded(plan.save_estimate_s), reserve_s=rounded(plan.reserve_s),
-                lateness_s=rounded(plan.lateness_s), why=plan.why,
+                lateness_s=rounded(plan.lateness_s), why=self._jump_note + plan.why,
             )
+            self._jump_note = ""
         return plan
 
     def after_last_save(self, deadline: Deadline | None, now: Now, *, upload_running: bool) -> AfterLastSave:

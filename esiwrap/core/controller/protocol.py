@@ -313,6 +313,12 @@ class StopUpload(NamedTuple):
     signal: str
 
 
+class ResolveDeadline(NamedTuple):
+    """Ask every deadline source again, now (their answers come as `DeadlineAnswers`)."""
+
+    why: str
+
+
 class CheckFilesystem(NamedTuple):
     """Find out what holds this checkpoint path, off the loop (the shell reports FilesystemChecked)."""
 
@@ -339,6 +345,6 @@ SAID_BYE = "it said bye: its process is ending"  # a hello sent before the bye, 
 Action = (
     SendSignal | StopChild | KillTree | TermLeftovers | CheckTree | Log | NotifyStopping | ExtendStopTimeout
     | KeepState | ReleaseCapacity | Exit | ProbeStorage | StartUpload | StopUpload | CheckFilesystem
-    | RefuseMessage
+    | RefuseMessage | ResolveDeadline
 )
 PROBE_REPEAT_S = 6 * 3600.0  # while no save is measured, probe the storage again this often

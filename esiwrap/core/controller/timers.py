@@ -16,7 +16,7 @@ from esiwrap.core.controller.protocol import Now
 Clock = Literal["wall", "mono"]
 TimerName = Literal[
     "upload retry", "upload cut-off", "linger", "ack wait", "stop", "deadline", "unattached stop",
-    "save signal", "storage probe", "upload decision", "heartbeat",
+    "save signal", "storage probe", "upload decision", "heartbeat", "overstay",
 ]
 
 FIRING_ORDER: tuple[TimerName, ...] = (
@@ -31,6 +31,7 @@ FIRING_ORDER: tuple[TimerName, ...] = (
     "storage probe",  # RUNNING: measure the storage again while no save is measured
     "upload decision",  # RUNNING: the latest stop while the plan waits for an upload's end
     "heartbeat",  # until exited, with a state file: this run's record refreshed (its exposure)
+    "overstay",  # until exited: still here a minute past the deadline, ask the sources again
 )
 """Which due timer fires first: the order the supervisor has always fired them in."""
 
