@@ -38,10 +38,12 @@ def _event(name: str, topic: str, when: str, fields: str) -> str:
 
 
 # ---------------------------------------------------------------------------- the command
+SETTINGS = _event(
+    "settings", COMMAND, "once, just before `child_started`: the run's options",
+    "settings (the run options that shape decisions, by flag: what `report --what-if` starts from)")
 CHILD_STARTED = _event(
     "child_started", COMMAND, "the command started",
-    "pid, argv, host (the machine's name: which instance), settings (the run options that shape "
-    "decisions, by flag: what `report --what-if` starts from)")
+    "pid, argv, host (the machine's name: which instance)")
 COMMAND_FAILED = _event(
     "command_failed", COMMAND, "the command could not be started",
     "reason (the command was not found or is not executable: exit 127/126)")
@@ -138,8 +140,14 @@ CHANNEL_UNVERIFIED = _event(
     "once at start, where the system does not tell who sent a datagram (no `SO_PASSCRED`: not Linux)",
     "reason (a message's `pid` field is believed, still held to esiwrap's process tree)")
 NO_TRAINER_ATTACHED = _event(
-    "no_trainer_attached", TRAINERS, "a save was due and nothing attached: the child is stopped (exit 76)",
-    "action")
+    "no_trainer_attached", TRAINERS,
+    "a save was due and no trainer attached by the end of the attach window (`save_requested`'s "
+    "`attach_by`): the child is stopped (exit 76); also a save asked for by hand with nobody to take it",
+    "action (stop, or ignored), grace_s (the stop's, up to the deadline), attached_once")
+TRAINER_LATE = _event(
+    "trainer_late", TRAINERS,
+    "the first trainer said hello after the attach window closed and its stop began (warning)",
+    "pid, reason (the exit's reason from now on: slow to start, not never attached)")
 STEP_OBSERVED = _event(
     "step_observed", TRAINERS, "every step boundary (debug level: `--log-level debug`)",
     "step, duration_s, delivery_s (how long the report took to reach esiwrap, from the `sent_mono` "

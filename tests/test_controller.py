@@ -179,16 +179,47 @@ def test_a_deadline_learned_after_it_passed_saves_now_then_stops() -> None:
     assert d.controller.stop is not None and d.controller.stop.exit_status == EXIT_CHECKPOINTED
 
 
-def test_nobody_to_save_stops_gracefully_before_the_deadline_with_76() -> None:
-    """A save is due and no trainer ever attached: stop --stop-grace before the deadline, exit 76."""
+def test_nobody_to_save_waits_for_a_slow_trainer_then_stops_with_76() -> None:
+    """A save is due and no trainer ever attached: the attach window stays open until 5 s (not
+    --stop-grace) before the deadline, and `save_requested` says until when; only then
+    `no_trainer_attached`, a stop whose grace ends by the deadline, and exit 76."""
     d = Driver(ControllerConfig(stop_grace_s=10.0))
     d.deadline(300.0)
     d.advance(200.0)
-    assert logs(d.actions, "no_trainer_attached")[0]["action"] == "stop"
-    assert d.controller.wake_at(d.now) == pytest.approx(300.0 - 10.0 - 200.0)
-    d.advance(90.0)
+    (asked,) = logs(d.actions, "save_requested")
+    assert asked["pids"] == [] and asked["attach_by"]
+    assert logs(d.actions, "no_trainer_attached") == []  # a trainer may still attach
+    assert d.controller.wake_at(d.now) == pytest.approx(300.0 - 5.0 - 200.0)
+    d.advance(96.0)
+    (nobody,) = logs(d.actions, "no_trainer_attached")
+    assert nobody["action"] == "stop" and nobody["grace_s"] == 5.0
     assert d.controller.stop is not None
     assert d.controller.stop.exit_status == EXIT_SAVE_MISSED
+
+
+def test_once_a_trainer_attached_the_window_keeps_the_full_stop_grace() -> None:
+    """A trainer that attached and left may have a save under way in the tree: --stop-grace."""
+    d = Driver(ControllerConfig(stop_grace_s=10.0))
+    d.hello()
+    d.feed(core.TrainerGone(CHILD))
+    d.deadline(300.0)
+    d.advance(200.0)
+    assert d.controller.wake_at(d.now) == pytest.approx(300.0 - 10.0 - 200.0)
+
+
+def test_a_trainer_that_attaches_after_the_window_is_named_late_not_missing() -> None:
+    """The stop for nobody attached has begun when the first hello comes: the exit's reason says
+    it was slow to start, not that install() was never called."""
+    d = Driver(ControllerConfig(stop_grace_s=10.0))
+    d.deadline(60.0)
+    d.advance(56.0)
+    assert d.controller.stop is not None and "install() was never called" in d.controller.stop.reason
+    d.hello()
+    (late,) = logs(d.actions, "trainer_late")
+    assert "slow to start" in late["reason"] and "after the save was due" in late["reason"]
+    d.feed(core.ChildExited(CHILD, 0))
+    (done,) = exits(d.feed(core.TreeChecked(0)))
+    assert done.code == EXIT_SAVE_MISSED and "slow to start" in done.reason
 
 
 @pytest.mark.parametrize(("code", "signum", "expected"), [(3, 0, 3), (None, 9, 137), (0, 0, 0)])

@@ -7,6 +7,7 @@ the capacity and node count it learns from the sources and the trainers."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 from controller_driver import CHILD, Driver, logs
@@ -275,3 +276,34 @@ def test_checkpoint_bytes_counts_tensors_once_and_foresees_adams_state() -> None
     assert esi.checkpoint_bytes(plain_sgd) == 0
     weight = model[0].weight
     assert esi.checkpoint_bytes(weight, {"again": weight}, [weight]) == weight.numel() * 4
+
+
+def test_a_probe_never_writes_more_than_a_checkpoint_and_little_while_its_size_is_unknown(
+        tmp_path: Path) -> None:
+    """The probe's bound is the checkpoint's size, or 64 MiB while no trainer said how big a
+    checkpoint is (not the gigabyte it may write in two seconds); the shell's prober then writes
+    no more than that, and at least 64 KiB (an 18 KB checkpoint: 64 KiB, really written)."""
+    import threading
+
+    from esiwrap.core.controller.probe import UNKNOWN_SIZE_PROBE_BYTES
+    from esiwrap.shell.storage_probe import StorageProber
+
+    unknown = Driver()
+    unknown.deadline(3600.0)
+    assert probes(unknown.hello(checkpoint_dir="/ckpt")) == [
+        core.ProbeStorage("/ckpt", None, UNKNOWN_SIZE_PROBE_BYTES)]
+    assert UNKNOWN_SIZE_PROBE_BYTES == 64 << 20
+    small = Driver()
+    small.deadline(3600.0)
+    (asked,) = probes(small.hello(checkpoint_bytes=18_000, checkpoint_dir=str(tmp_path)))
+    assert asked.max_bytes == 18_000
+    done = threading.Event()
+    prober = StorageProber(done.set)
+    try:
+        prober.submit(asked.path, None, asked.max_bytes)
+        assert done.wait(60)
+        (measured,) = prober.drain()
+    finally:
+        prober.stop()
+    assert measured.bandwidth_bps and measured.written_bytes == 64 << 10
+    assert list(tmp_path.iterdir()) == []  # and removed

@@ -93,7 +93,7 @@ def test_the_what_if_is_what_the_simulator_says_on_the_same_durations(run_log: P
     scenario = Scenario("log", steps, saves, deadline, deadline, list[DeadlineChange](),
                         checkpoint_bytes=hello["checkpoint_bytes"], probe_bps=probed["bandwidth_mb_s"] * 1e6,
                         capacity=resolved["capacity"])
-    settings = next(e for e in events if e["event"] == "child_started")["settings"]
+    settings = next(e for e in events if e["event"] == "settings")["settings"]
     config = PolicyConfig(redundant_s=1.0, final_margin_s=0.5, save_duration_s=settings["--save-duration"])
     outcome = run_esiwrap(scenario, config)
     assert replayed["what_if"]["saved_step"] == outcome.saved_step

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 PROBE_MAX_BYTES = 1 << 30
-PROBE_MIN_BYTES = 1 << 20  # a checkpoint smaller than the probe: write this much at least
+PROBE_MIN_BYTES = 64 << 10  # a checkpoint smaller than this: write this much at least
 PROBE_CHUNK_BYTES = 8 << 20  # one write + fdatasync
 PROBE_MAX_S = 2.0  # stop after the chunk that crosses this
 PROBE_FREE_SHARE = 0.01  # never more than this share of the free space

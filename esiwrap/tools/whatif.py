@@ -282,10 +282,12 @@ def _lost_text(side: Side) -> str:
 
 # ---------------------------------------------------------------------------------- settings
 def _run_settings(run: Sequence[Event]) -> dict[str, Any]:
-    """The run options the run had, by flag: the first event that carries them as `settings`
-    (`child_started`'s; an event of their own would do as well)."""
+    """The run options the run had, by flag: the `settings` event's field of the same name (an
+    older esiwrap put it in `child_started`)."""
     _first(run, ev.CHILD_STARTED)
-    settings: dict[str, Any] = next((e["settings"] for e in run if isinstance(e.get("settings"), dict)), {})
+    field = ev.SETTINGS
+    settings: dict[str, Any] = next((e[field] for e in run if e["event"] in (ev.SETTINGS, ev.CHILD_STARTED)
+                                     and isinstance(e.get(field), dict)), {})
     return dict(settings)
 
 

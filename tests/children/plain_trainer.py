@@ -19,10 +19,12 @@ parser.add_argument("--step-seconds", type=float, default=0.2)
 parser.add_argument("--save-seconds", type=float, default=0.0)
 parser.add_argument("--fail-saves", type=int, default=0, help="the first N saves raise")
 parser.add_argument("--no-install", action="store_true")
+parser.add_argument("--start-delay", type=float, default=0.0, help="seconds before install(): a slow import")
 parser.add_argument("--own-save-every", type=int, default=0, help="also save on its own every N steps")
 parser.add_argument("--save-growth", type=float, default=0.0, help="each save takes this much longer")
 args = parser.parse_args()
 
+time.sleep(args.start_delay)  # as importing torch does on a busy node
 start = json.loads(args.ckpt.read_text())["step"] if args.ckpt.exists() else 0
 print(f"plain_trainer: start {start}", flush=True)
 if not args.no_install:

@@ -225,7 +225,8 @@ class Controller:
     def _timers(self) -> list[Timer]:
         mode, deadline = self.mode, self.book.deadline
         return [*self.uploads.timers(mode is Mode.EXITED), *self.stopping.timers(mode),
-                *self.book.timers(mode), *self.saves.timers(mode, deadline, self.config.stop_grace_s),
+                *self.book.timers(mode),
+                *self.saves.timers(mode, deadline, self.config.stop_grace_s, self.roster.attached_once),
                 *self.planner.timers(mode, deadline), *self.probe.timers(mode, deadline),
                 *self.job.timers(mode)]
 
@@ -242,7 +243,14 @@ class Controller:
         self._begin_stop("checkpoint complete", EXIT_CHECKPOINTED, "deadline", now)
 
     def _on_unattached_stop(self, now: Now) -> None:
-        self._missed("no trainer attached to save", now, level="warning")
+        """The attach window is over and nothing took the save signal: stop the child, gracefully
+        for what is left before the deadline (--stop-grace at most), and exit 76."""
+        remaining = self._remaining(now)
+        grace = self.config.stop_grace_s if remaining is None else min(self.config.stop_grace_s,
+                                                                       max(1.0, remaining))
+        self._log("warning", ev.NO_TRAINER_ATTACHED, action="stop", grace_s=rounded(grace),
+                  attached_once=self.roster.attached_once)
+        self._missed("no trainer attached to save", now, level="warning", grace_s=grace)
 
     def _on_save_signal(self, now: Now) -> None:
         self._request_save("deadline", now)
@@ -300,9 +308,10 @@ class Controller:
     # ------------------------------------------------------------------ the child and its trainers
     def _on_child_started(self, started: ChildStarted, now: Now) -> None:
         self.roster.child_started(started.pid)
-        settings = {"settings": dict(started.settings)} if started.settings else {}
+        if started.settings:  # on a line of their own: every other line stays short
+            self._log("info", ev.SETTINGS, settings=dict(started.settings))
         host = {"host": started.host} if started.host else {}
-        self._log("info", ev.CHILD_STARTED, pid=started.pid, argv=list(started.argv), **host, **settings)
+        self._log("info", ev.CHILD_STARTED, pid=started.pid, argv=list(started.argv), **host)
         if self.config.state_file is not None:  # this run in the job's history, from its start
             self.job.beating(now.mono)
             self._keep_state(now)
@@ -316,6 +325,7 @@ class Controller:
             # esiwrap's queue was full): the process is ending and ignores the save signal
             self.out.act(RefuseMessage(hello, SAID_BYE))
             return
+        self._late_first_hello(hello, now)
         more_nodes = self.roster.attach(hello, now.wall)
         self._log("info", ev.TRAINER_ATTACHED, pid=hello.pid, **hello.fields)
         self.obs.trainer_started(now.wall)
@@ -329,6 +339,18 @@ class Controller:
                 and hello.pid not in request.signalled:
             self._signal([hello.pid], now)  # a save is due: this trainer joins it at once
         self._replan(now)
+
+    def _late_first_hello(self, hello: Hello, now: Now) -> None:
+        """The first trainer ever said hello after the attach window closed (the stop for nobody
+        attached has begun): the exit's reason says so, instead of "install() was never called"."""
+        stop, request = self.stopping.stop, self.saves.request
+        if self.roster.attached_once or stop is None or stop.exit_status != EXIT_SAVE_MISSED:
+            return
+        due = f" {now.wall - request.requested_at:.1f}s after the save was due" if request else ""
+        stop.reason = (f"no trainer attached in time: one said hello (pid {hello.pid}){due}, after the "
+                       "stop had begun: it was slow to start (a later deadline, or a trainer that "
+                       "attaches earlier, gives it time)")
+        self._log("warning", ev.TRAINER_LATE, pid=hello.pid, reason=stop.reason)
 
     def _on_checkpoint_size(self, size: CheckpointSize, now: Now) -> None:
         if self.roster.said_checkpoint_size(size.pid, size.checkpoint_bytes):
@@ -675,7 +697,7 @@ class Controller:
             self._request_save("last_chance", now)
         self._drain(now)
 
-    def _missed(self, reason: str, now: Now, level: LogLevel = "error") -> None:
+    def _missed(self, reason: str, now: Now, level: LogLevel = "error", grace_s: float | None = None) -> None:
         """No checkpoint, and none can come now: say why (the last plan, the signal, what was late,
         what never came), then stop with exit 76."""
         self.saves.missed()
@@ -684,7 +706,8 @@ class Controller:
         if self.clock.latest is not None:
             reason = f"{reason} ({self.clock.latest.words()})"
         self._log(level, ev.SAVE_MISSED, remaining_s=self._remaining(now), reason=reason, **facts)
-        self._begin_stop(f"{reason}: {facts['never_came'][0]}", EXIT_SAVE_MISSED, "deadline", now)
+        self._begin_stop(f"{reason}: {facts['never_came'][0]}", EXIT_SAVE_MISSED, "deadline", now,
+                         grace_s=grace_s)
 
     def _never_came(self, now: Now) -> list[str]:
         return never_came(self.saves.request, now, attached_once=self.roster.attached_once,
@@ -719,7 +742,8 @@ class Controller:
         self.modes.move("save asked")  # a save by hand while continuing keeps continuing
         # Nothing registered (yet): a trainer that attaches in time is signalled at once; otherwise
         # the child is stopped gracefully, --stop-grace before the deadline.
-        unattached = self.saves.unattached_stop_at(self.mode, self.book.deadline, self.config.stop_grace_s)
+        unattached = self.saves.unattached_stop_at(self.mode, self.book.deadline, self.config.stop_grace_s,
+                                                   self.roster.attached_once)
         self.saves.announce(request, now, targets, self.config.save_signal, self._remaining(now), unattached)
         if targets:
             self._signal(targets, now)
@@ -767,14 +791,14 @@ class Controller:
         return self.stopping.wait_for_save(request.save_started_mono, estimate, self.book.deadline, now)
 
     def _begin_stop(self, reason: str, exit_status: int | None, cause: StopCause, now: Now, *,
-                    immediate: bool = False) -> None:
+                    immediate: bool = False, grace_s: float | None = None) -> None:
         if self.stopping.stop is not None:
             if immediate:
                 self._escalate(reason, now)
             return
         self.modes.move("stop")
         self.planner.stopped()
-        self.stopping.begin(reason, exit_status, cause, now)
+        self.stopping.begin(reason, exit_status, cause, now, grace_s)
         self.out.act(NotifyStopping())
         self.stopping.extend_timeout(self.mode, now)
         if self.roster.child_status is not None:
@@ -785,7 +809,8 @@ class Controller:
             self._kill(now)
             return
         signal = self.roster.child_stop_signal(self.config.stop_signal)
-        self._log("info", ev.CHILD_STOPPING, signal=signal, grace_s=self.config.stop_grace_s, reason=reason)
+        grace = self.config.stop_grace_s if grace_s is None else rounded(grace_s)
+        self._log("info", ev.CHILD_STOPPING, signal=signal, grace_s=grace, reason=reason)
         self.out.act(StopChild(signal))
         self._stop_sigterm_savers()
 

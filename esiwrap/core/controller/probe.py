@@ -11,6 +11,8 @@ from esiwrap.core.controller.timers import Timer
 from esiwrap.core.policy import Observations
 from esiwrap.core.values import Deadline
 
+UNKNOWN_SIZE_PROBE_BYTES = 64 << 20  # the probe's bound while the checkpoint's size is unknown
+
 
 class StorageProbe:
     def __init__(self, out: Outbox, obs: Observations, enabled: bool, probe_dir: str | None) -> None:
@@ -34,10 +36,12 @@ class StorageProbe:
             self._obs.probe_begun()  # no calibration save on a guess while the prior is coming
         self._out.act(ProbeStorage(path, previous, self._max_bytes()))
 
-    def _max_bytes(self) -> int | None:
-        """A probe never writes more than a checkpoint would (a small one is a second's write)."""
+    def _max_bytes(self) -> int:
+        """A probe never writes more than a checkpoint would (a small one is a second's write), and
+        while nobody said how big one is, `UNKNOWN_SIZE_PROBE_BYTES`: enough to measure a disk or a
+        network mount, not a gigabyte beside a checkpoint of kilobytes."""
         size = self._obs.checkpoint_bytes
-        return None if size is None else int(size)
+        return UNKNOWN_SIZE_PROBE_BYTES if size is None else int(size)
 
     def again(self, checkpoint_dir: str | None) -> None:
         """Storage speed changes (other jobs, a filling disk): measure again, rarely."""

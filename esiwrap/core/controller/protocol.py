@@ -295,7 +295,7 @@ class ProbeStorage(NamedTuple):
 
     path: str | None
     previous: str | None = None
-    max_bytes: int | None = None  # write no more than this (a checkpoint smaller than the probe)
+    max_bytes: int | None = None  # write no more than this (the checkpoint's size, or a small default)
 
 
 class StartUpload(NamedTuple):

@@ -66,11 +66,11 @@ class SaveCycle:
             "step_estimate_s": rounded(plan.step_estimate_s),
             "save_estimate_s": rounded(plan.save_estimate_s), "why": plan.why,
         }
+        waiting = {}  # nobody to signal yet: a trainer that attaches by then is signalled at once
+        if not targets and unattached_stop_at is not None:
+            waiting = {"attach_by": iso_utc(unattached_stop_at)}
         self._out.log("info", ev.SAVE_REQUESTED, reason=request.reason, kind=request.kind,
-                      remaining_s=remaining_s, signal=signal, pids=targets, **planned)
-        if not targets:
-            self._out.log("warning", ev.NO_TRAINER_ATTACHED, action="stop",
-                          stop_at=iso_utc(unattached_stop_at) if unattached_stop_at is not None else None)
+                      remaining_s=remaining_s, signal=signal, pids=targets, **planned, **waiting)
 
     def signalled(self, pids: list[int]) -> None:
         assert self.request is not None
@@ -192,19 +192,32 @@ class SaveCycle:
         checkpoint = self.last_checkpoint
         return checkpoint is not None and checkpoint.step >= (last_step or 0)
 
-    def unattached_stop_at(self, mode: Mode, deadline: Deadline | None, stop_grace_s: float) -> float | None:
-        """A save is due but nothing took the signal: the latest graceful stop, --stop-grace before
-        the deadline; if that had passed when the save was asked for, a trainer may still attach
-        and save up to the deadline itself."""
+    def unattached_stop_at(self, mode: Mode, deadline: Deadline | None, stop_grace_s: float,
+                           attached_once: bool = True) -> float | None:
+        """A save is due but nothing took the signal: the end of the attach window, when the child
+        is stopped (exit 76). It keeps time before the deadline for the stop: --stop-grace once a
+        trainer has attached (a save may be under way in it), but only `unattached_stop_s` while
+        none ever has (a process that never said hello has no save to finish, only an exit: the rest
+        is the trainer's, to start and attach in). If that moment had passed when the save was asked
+        for, a trainer may still attach and save up to the deadline itself."""
         request = self.request
         if mode is not Mode.SAVE_REQUESTED or request is None or deadline is None or request.signalled:
             return None
-        graceful = deadline.at - stop_grace_s
+        graceful = deadline.at - unattached_stop_s(stop_grace_s, attached_once)
         return graceful if graceful > request.requested_at else deadline.at
 
-    def timers(self, mode: Mode, deadline: Deadline | None, stop_grace_s: float) -> list[Timer]:
-        at = self.unattached_stop_at(mode, deadline, stop_grace_s)
+    def timers(self, mode: Mode, deadline: Deadline | None, stop_grace_s: float,
+               attached_once: bool = True) -> list[Timer]:
+        at = self.unattached_stop_at(mode, deadline, stop_grace_s, attached_once)
         return [] if at is None else [Timer("unattached stop", "wall", at)]
+
+
+UNATTACHED_STOP_S = 5.0  # what a stop needs while no trainer has ever attached: an exit, no save
+
+
+def unattached_stop_s(stop_grace_s: float, attached_once: bool) -> float:
+    """The time before the deadline kept for stopping a child with nobody attached to save."""
+    return stop_grace_s if attached_once else min(stop_grace_s, UNATTACHED_STOP_S)
 
 
 def checkpoint_path(paths: list[str]) -> str:

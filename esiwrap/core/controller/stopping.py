@@ -69,9 +69,13 @@ class StopSequence:
     def drained(self) -> None:
         self.ack_until = None
 
-    def begin(self, reason: str, exit_status: int | None, cause: StopCause, now: Now) -> None:
+    def begin(self, reason: str, exit_status: int | None, cause: StopCause, now: Now,
+              grace_s: float | None = None) -> None:
+        """The stop begins: the child gets its stop signal, then `grace_s` (--stop-grace) before
+        SIGKILL."""
         self.ack_until = None
-        self.stop = StopState(reason, exit_status, until=now.mono + self._grace_s, cause=cause)
+        grace = self._grace_s if grace_s is None else grace_s
+        self.stop = StopState(reason, exit_status, until=now.mono + grace, cause=cause)
 
     def kill(self, now: Now) -> None:
         assert self.stop is not None
