@@ -233,3 +233,27 @@ def test_the_module_map_matches_the_tree() -> None:
     actual = sorted(str(path.relative_to(PACKAGE)) for path in PACKAGE.rglob("*.py"))
     assert len(named) == len(set(named))
     assert sorted(named) == actual
+
+
+def test_every_default_of_the_core_has_one_home() -> None:
+    """The run options of the core take their defaults from its configuration (`esiwrap.core.config`,
+    `PolicyConfig`): built back from the options' defaults, it is the default configuration. Every
+    field of it is an option's, or named here as one no option sets; a new field without its option
+    (or a changed default in one place) fails."""
+    from dataclasses import fields
+
+    from esiwrap.cli import options
+    from esiwrap.core.config import ControllerConfig
+    from esiwrap.core.policy import PolicyConfig
+
+    defaults = {opt.dest: opt.default for opt in options.ALL_RUN_OPTIONS}
+    assert options.controller_config(defaults) == ControllerConfig()
+    not_options = {"policy", "save_signal", "stop_signal", "probe_dir",  # set from --signal, ... --state-file
+                   "prior_sigma", "save_safety_factor", "final_save_factor", "uploads"}  # constants; --upload
+    named = set(options.POLICY_FIELDS.values()) | set(options.CONTROLLER_FIELDS.values())
+    every = {f.name for f in fields(PolicyConfig)} | {f.name for f in fields(ControllerConfig)}
+    assert every - named == not_options
+    for dest, field in options.POLICY_FIELDS.items():
+        assert defaults[dest] == getattr(PolicyConfig(), field), dest
+    for dest, field in options.CONTROLLER_FIELDS.items():
+        assert defaults[dest] == getattr(ControllerConfig(), field), dest

@@ -19,13 +19,13 @@ import math
 import os
 import re
 import shlex
-import signal
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import Any, NoReturn
 
 from esiwrap import __version__
 from esiwrap.choices import AFTER_SAVE, LOG_FORMATS, LOG_LEVELS, ON_SIGTERM
+from esiwrap.core.config import ControllerConfig
 from esiwrap.core.policy import PolicyConfig
 from esiwrap.envvars import CHECKPOINT_PATH_ENV
 from esiwrap.errors import UsageError
@@ -43,9 +43,6 @@ from esiwrap.optiontypes import (
 )
 from esiwrap.signals import signal_label, signal_number
 from esiwrap.sources.registry import SOURCE_OPTIONS
-
-if TYPE_CHECKING:
-    from esiwrap.core.controller import ControllerConfig
 
 SAVE_SIGNALS = ("SIGUSR1", "SIGUSR2")
 STOP_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGKILL")
@@ -174,26 +171,51 @@ def _status_file(text: str) -> str:
     return file_in_existing_dir(text)
 
 
+# ---------------------------------------------------------------------------------- the core's defaults
+POLICY, CONTROLLER = PolicyConfig(), ControllerConfig()
+"""The decision core's own defaults: each run option of the core takes its default from here (the
+one home of each: `esiwrap.core.config`), and `controller_config` builds the configuration back."""
+# Which option sets which field (the option's `dest` -> the field); `--signal`, `--stop-signal`
+# (a number, the field's label), `--upload` (uploads: whether it is set) and `--state-file` (also
+# the probe's directory) are converted on the way.
+POLICY_FIELDS: Mapping[str, str] = {
+    "redundant_time": "redundant_s", "save_duration": "save_duration_s",
+    "unmeasured_factor": "unmeasured_factor", "interruption_rate": "interruption_rate_per_day",
+    "step_window": "step_window", "step_quantile": "step_quantile", "final_save": "final_save",
+    "final_margin": "final_margin_s", "upload_duration": "upload_duration_s",
+}
+CONTROLLER_FIELDS: Mapping[str, str] = {
+    "stop_grace": "stop_grace_s", "after_save": "after_save", "on_sigterm": "on_sigterm",
+    "signal_child": "signal_child", "stop_budget": "stop_budget_s", "probe_storage": "probe_storage",
+    "local_checkpoints_survive": "local_checkpoints_survive", "state_file": "state_file",
+    "max_no_progress_runs": "max_no_progress_runs",
+}
+
+
 # ---------------------------------------------------------------------------------- the tables
 FIRST_SAVE = "policy.md#before-the-first-save-the-checkpoints-size-and-the-storages-speed"
 RUN_OPTIONS = (
-    Option("--redundant-time", seconds, 120.0, "120", "slack before the deadline: insurance save",
+    Option("--redundant-time", seconds, POLICY.redundant_s,
+           "120", "slack before the deadline: insurance save",
            section="policy", see="policy.md",
            doc="The insurance save, the one that must not fail, is planned to end this long before "
                "the deadline (its `reserve_s`), with the high step quantile and the conservative "
                "save estimate."),
-    Option("--save-duration", seconds, 60.0, "60", "save time guessed until one is measured",
+    Option("--save-duration", seconds, POLICY.save_duration_s,
+           "60", "save time guessed until one is measured",
            section="policy", see=FIRST_SAVE,
            doc="Used only while no save is measured and no prior is known (the checkpoint's size "
                "over the storage's probed speed): the insurance save then assumes this times "
                "`--unmeasured-factor`."),
-    Option("--unmeasured-factor", _factor, 6.0, "6", "the safety factor on a guessed save time",
+    Option("--unmeasured-factor", _factor, POLICY.unmeasured_factor,
+           "6", "the safety factor on a guessed save time",
            section="policy", value_name="FACTOR", see="policy.md", advanced=True,
            doc="Until a save is measured (and with no prior), the insurance save assumes "
                "`--save-duration` × this, and an upload `--upload-duration` × this. A guess that is "
                "too short misses the deadline; one that is too long only takes the first checkpoint "
                "earlier."),
-    Option("--interruption-rate", _rate, None, "1", "interruptions a day, for periodic saves",
+    Option("--interruption-rate", _rate, POLICY.interruption_rate_per_day,
+           "1", "interruptions a day, for periodic saves",
            show=lambda value: "auto" if value is None else f"{value:g}",
            section="policy", see="policy.md#how-often-capacity-is-interrupted-the-periodic-cadence",
            value_name="RATE",
@@ -201,7 +223,7 @@ RUN_OPTIONS = (
                "against with periodic saves at Young/Daly's interval `sqrt(2 × save cost / rate)`. "
                "`0` turns periodic saves off; `auto`: by the capacity's kind (spot, reserved, "
                "unknown) and the job's nodes."),
-    Option("--state-file", _state_file, None, "/mnt/checkpoints/job/esiwrap-state.json",
+    Option("--state-file", _state_file, CONTROLLER.state_file, "/mnt/checkpoints/job/esiwrap-state.json",
            "the job's memory across runs", section="uploads", value_name="PATH",
            see="uploads-and-resumes.md#remembered-across-runs-state-file",
            doc="Keep the job's measured step intervals, save and upload durations and its last "
@@ -210,7 +232,8 @@ RUN_OPTIONS = (
                "that the trainer resumed from that checkpoint (`resumed`, `resume_missed`). Its "
                "directory must exist. One live run per state file: a run holds `<file>.lock`; a second "
                "run on it exits 2, naming the holder."),
-    Option("--max-no-progress-runs", _runs, 3, "3", "stop a job whose runs make no progress",
+    Option("--max-no-progress-runs", _runs, CONTROLLER.max_no_progress_runs,
+           "3", "stop a job whose runs make no progress",
            section="uploads", value_name="N",
            see="uploads-and-resumes.md#a-job-that-makes-no-progress-is-stopped",
            doc="With `--state-file`: after N consecutive runs of the job whose durable step did not "
@@ -218,7 +241,8 @@ RUN_OPTIONS = (
                "the steps, the likely cause and the fix) and exits 78, which `--slurm-requeue` does "
                "not requeue and the systemd unit does not restart. A run it stopped ends the count, "
                "so a job started again after the fix runs. `0` turns the guard off."),
-    Option("--probe-storage", boolean, True, "false", "measure the checkpoint storage's speed",
+    Option("--probe-storage", boolean, CONTROLLER.probe_storage,
+           "false", "measure the checkpoint storage's speed",
            section="policy", see=FIRST_SAVE,
            doc="Before the first save, write a bounded temporary file (at most 1 GiB or 2 s, removed "
                "after) to the checkpoint directory's filesystem, from a thread of esiwrap's own, so "
@@ -233,61 +257,71 @@ RUN_OPTIONS = (
                "not. An empty command, a brace or a quote left open, or another placeholder is "
                "exit 2 before the command starts; a command that names neither `{path}` nor "
                "`$ESIWRAP_CHECKPOINT_PATH` is a warning at the start (`upload_without_path`)."),
-    Option("--upload-duration", seconds, 60.0, "600", "upload time guessed until one is measured",
+    Option("--upload-duration", seconds, POLICY.upload_duration_s,
+           "600", "upload time guessed until one is measured",
            section="uploads", see="uploads-and-resumes.md#uploads-exit-75-means-resumable-elsewhere",
            doc="Until an upload is measured (in this run, or by an earlier one in `--state-file`), "
                "plans count on this times `--unmeasured-factor`."),
-    Option("--local-checkpoints-survive", boolean, False, "true", "this local disk outlives the instance",
+    Option("--local-checkpoints-survive", boolean, CONTROLLER.local_checkpoints_survive,
+           "true", "this local disk outlives the instance",
            section="uploads", see="uploads-and-resumes.md#a-checkpoint-that-dies-with-the-instance-is-named",
            doc="No `checkpoint_not_durable` warning for a checkpoint on a local disk: for a "
                "persistent volume that moves with the job, or a machine that runs the next run too."),
-    Option("--step-window", positive_int, 100, "100", "step intervals remembered", section="policy",
+    Option("--step-window", positive_int, POLICY.step_window,
+           "100", "step intervals remembered", section="policy",
            see="policy.md", value_name="N", advanced=True,
            doc="How many recent boundary-to-boundary step intervals the step estimate is taken from."),
-    Option("--step-quantile", _quantile, 0.99, "0.99 or max", "quantile of the window taken as a step",
+    Option("--step-quantile", _quantile, POLICY.step_quantile,
+           "0.99 or max", "quantile of the window taken as a step",
            section="policy", see="policy.md", value_name="Q", advanced=True,
            doc="The quantile of the step window the insurance save's step estimate is (`max`: the "
                "longest). Final saves take the quantile that gives the most expected progress."),
-    Option("--final-save", boolean, True, "true", "keep training after the insurance save",
+    Option("--final-save", boolean, POLICY.final_save, "true", "keep training after the insurance save",
            section="policy", see="policy.md",
            doc="After the insurance save, keep training and save again at the last step boundary that "
                "still fits (`--final-margin` before the deadline), again after each. Turn it off for "
                "torchrun across nodes: the first save any node asks for ends the job everywhere."),
-    Option("--final-margin", seconds, 5.0, "5", "slack before the deadline: final saves", section="policy",
+    Option("--final-margin", seconds, POLICY.final_margin_s,
+           "5", "slack before the deadline: final saves", section="policy",
            see="policy.md",
            doc="A final save is planned to end this long before the deadline; a trainer that needs "
                "longer to exit needs more."),
-    Option("--after-save", choice(AFTER_SAVE), "stop", "stop", "what follows the last planned save",
+    Option("--after-save", choice(AFTER_SAVE), CONTROLLER.after_save,
+           "stop", "what follows the last planned save",
            AFTER_SAVE, section="stopping", see="policy.md",
            doc="Once the last planned save is acknowledged: `stop` the child; `linger`: let it train "
                "until the stop must begin (`--stop-grace` + 5 s before the deadline; a deadline that "
                "moves later is followed); `continue`: leave it running."),
-    Option("--stop-grace", seconds, 30.0, "30", "seconds from stop signal to SIGKILL",
+    Option("--stop-grace", seconds, CONTROLLER.stop_grace_s, "30", "seconds from stop signal to SIGKILL",
            section="stopping", see="reference/signals.md",
            doc="From the stop signal to SIGKILL of what is left of the child's tree; also how long "
                "esiwrap waits for a save's acknowledgement after SIGTERM (while a save is being "
                "written, up to 3× its estimate, never past the deadline)."),
-    Option("--stop-budget", seconds, None, "30", "what the platform gives a stop", section="stopping",
+    Option("--stop-budget", seconds, CONTROLLER.stop_budget_s,
+           "30", "what the platform gives a stop", section="stopping",
            see="running/container.md",
            doc="Seconds the platform gives a stop before its own SIGKILL (`docker stop`: 10; "
                "Kubernetes: `terminationGracePeriodSeconds`, 30 by default; Slurm: `KillWait`). "
                "esiwrap warns (`stop_budget_too_small`) when a step, a save and `--stop-grace` do "
                "not fit in it."),
-    Option("--on-sigterm", choice(ON_SIGTERM), "checkpoint", "checkpoint", "SIGTERM: save first, or forward",
+    Option("--on-sigterm", choice(ON_SIGTERM), CONTROLLER.on_sigterm,
+           "checkpoint", "SIGTERM: save first, or forward",
            ON_SIGTERM, section="stopping", see="reference/signals.md",
            doc="`checkpoint`: a SIGTERM to esiwrap asks for one save at the next step boundary "
                "(unless the latest step is saved), waits for it, then stops the child (exit 75 when "
                "it completed); `forward`: it is passed on to the child."),
-    Option("--signal", _signal_parser(SAVE_SIGNALS), int(signal.SIGUSR1), "SIGUSR1", "the save signal",
+    Option("--signal", _signal_parser(SAVE_SIGNALS), signal_number(CONTROLLER.save_signal),
+           "SIGUSR1", "the save signal",
            SAVE_SIGNALS, show=signal_label, section="stopping", see="trainer.md", value_name="SIG",
            doc="Sent to the trainers that said hello, and exported to the command as "
                "`ESIWRAP_SIGNAL`. SIGUSR2 for stacks that use SIGUSR1 themselves (Lightning's Slurm "
                "auto-requeue)."),
-    Option("--signal-child", boolean, False, "true", "signal the direct child, which handles it",
+    Option("--signal-child", boolean, CONTROLLER.signal_child,
+           "true", "signal the direct child, which handles it",
            section="stopping", see="trainer.md", advanced=True,
            doc="Also send the save signal to the direct child when it handles the signal itself "
                "without the trainer library (no hello)."),
-    Option("--stop-signal", _signal_parser(STOP_SIGNALS), int(signal.SIGTERM), "SIGTERM",
+    Option("--stop-signal", _signal_parser(STOP_SIGNALS), signal_number(CONTROLLER.stop_signal), "SIGTERM",
            "first signal of the stop sequence", STOP_SIGNALS, show=signal_label, section="stopping",
            see="reference/signals.md#the-stop-sequence", value_name="SIG", advanced=True,
            doc="Sent to the child to stop it (a trainer may ask for another in its hello: a Ray "
@@ -346,40 +380,21 @@ RUN_FLAGS: dict[str, bool] = {
 
 # ---------------------------------------------------------------------------------- resolution
 def policy_config(values: Mapping[str, Any]) -> PolicyConfig:
-    return PolicyConfig(
-        redundant_s=values["redundant_time"],
-        save_duration_s=values["save_duration"],
-        unmeasured_factor=values["unmeasured_factor"],
-        interruption_rate_per_day=values["interruption_rate"],
-        step_window=values["step_window"],
-        step_quantile=values["step_quantile"],
-        final_save=values["final_save"],
-        final_margin_s=values["final_margin"],
-        uploads=values["upload"] is not None,
-        upload_duration_s=values["upload_duration"],
-    )
+    """The plan's part of the core's configuration, from the run options' values."""
+    return PolicyConfig(uploads=values["upload"] is not None,
+                        **{field: values[dest] for dest, field in POLICY_FIELDS.items()})
 
 
 def controller_config(values: Mapping[str, Any]) -> ControllerConfig:
     """The decision core's configuration from the run options' values: what the supervisor, the
     simulator and `--what-if` all run with."""
-    from esiwrap.core.controller import ControllerConfig
-
     return ControllerConfig(
         policy=policy_config(values),
         save_signal=signal_label(values["signal"]),
         stop_signal=signal_label(values["stop_signal"]),
-        stop_grace_s=values["stop_grace"],
-        after_save=values["after_save"],
-        on_sigterm=values["on_sigterm"],
-        signal_child=values["signal_child"],
-        stop_budget_s=values["stop_budget"],
-        probe_storage=values["probe_storage"],
         # the state file lives next to the checkpoints: its storage, when no trainer names one
         probe_dir=os.path.dirname(values["state_file"]) if values["state_file"] else None,
-        local_checkpoints_survive=values["local_checkpoints_survive"],
-        state_file=values["state_file"],
-        max_no_progress_runs=values["max_no_progress_runs"],
+        **{field: values[dest] for dest, field in CONTROLLER_FIELDS.items()},
     )
 
 

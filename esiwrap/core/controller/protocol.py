@@ -9,12 +9,11 @@ as light to make as a tuple, and cheap to define (esiwrap's start-up imports the
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Literal, NamedTuple
 
-from esiwrap.choices import AfterSave, LogLevel, OnSigterm
-from esiwrap.core.policy import PolicyConfig
+from esiwrap.choices import LogLevel
+from esiwrap.core.config import ControllerConfig as ControllerConfig  # re-exported: the protocol's
 from esiwrap.core.state import JobState
 from esiwrap.core.values import Answer
 
@@ -38,28 +37,6 @@ NO_FIELDS: Mapping[str, Any] = MappingProxyType({})
 class Now(NamedTuple):
     wall: float  # epoch seconds: deadlines
     mono: float  # monotonic seconds: waits and grace periods
-
-
-@dataclass(frozen=True)
-class ControllerConfig:
-    policy: PolicyConfig = field(default_factory=PolicyConfig)
-    save_signal: str = "SIGUSR1"
-    stop_signal: str = "SIGTERM"
-    stop_grace_s: float = 30.0
-    after_save: AfterSave = "stop"
-    on_sigterm: OnSigterm = "checkpoint"
-    signal_child: bool = False
-    stop_budget_s: float | None = None  # what the platform gives a stop before SIGKILL, if declared
-    probe_storage: bool = True  # measure the checkpoint storage's speed before the first save
-    probe_dir: str | None = None  # where to probe when no trainer names its checkpoint directory
-    local_checkpoints_survive: bool = False  # no checkpoint_not_durable warning for a local disk
-    state_file: str | None = None  # `--state-file`: the job's state is kept there (its name, for the log)
-    max_no_progress_runs: int = 3  # `--max-no-progress-runs`: the guard (0: off)
-
-    @property
-    def uploads(self) -> bool:
-        """`--upload` is set: a checkpoint is durable once its upload completed."""
-        return self.policy.uploads
 
 
 # ---------------------------------------------------------------------------------- inputs
