@@ -31,12 +31,12 @@ from dataclasses import dataclass, replace
 
 from traces import NOMINAL_BPS, Params, Scenario, constant
 
-from esiwrap.core import history
-from esiwrap.core.history import RunRecord
+from esiwrap.core.state import JobState
 from esiwrap.core.values import CapacityKind
 from esiwrap.tools.replay import Outcome
 
 RESTART_GAP_S = 300.0
+JOB_START = 1_800_000_000.0  # the job's clock (wall time) at its first run
 STORM_RATE, LULL_RATE = 40.0, 5.0  # a day: the stormy pool's two states (mean 15 a day)
 STORM_MEAN_S, LULL_MEAN_S = 6 * 3600.0, 15 * 3600.0
 FLAKY_NODE_RATE = 1.0 / 88.0  # node failures a node-day on the flaky reserved cluster
@@ -108,17 +108,17 @@ class JobRun:
 
 
 def play_job(name: str, job: int, runs: int, seed: int, params: Params, horizon_s: float,
-             runners: dict[str, Callable[[Scenario], Outcome]], guard_limit: int = 3) -> list[JobRun]:
-    """A job of `runs` runs: every policy plays the same runs; esiwrap's runs share a state file
-    (its measurements and its history), which the guard reads before each run."""
+             runners: dict[str, Callable[[Scenario], Outcome]]) -> list[JobRun]:
+    """A job of `runs` runs: every policy plays the same runs. esiwrap's runs share a state file,
+    as `--state-file` does: each starts from the state the run before it left (`Outcome.state`,
+    decided by the core's job part: its measurements, its history, its durable checkpoint, from
+    whose step it resumes), and the no-progress guard may keep it from starting; then no policy
+    plays that run."""
     family = JOB_FAMILIES[name]
     rng = random.Random(f"{seed}:job:{name}:{job}:{horizon_s}")
     pool = Pool(family, random.Random(f"{seed}:pool:{name}:{job}:{horizon_s}"))
-    clock = 0.0
-    records: list[RunRecord] = []
-    steps: tuple[float, ...] = ()
-    saves: tuple[float, ...] = ()
-    durable_step = 0  # the job's progress, in steps, as esiwrap's runs left it
+    clock = JOB_START
+    state: JobState | None = None  # no state file yet: the job's first run
     out: list[JobRun] = []
     for index in range(1, runs + 1):
         slot = family.slot_s if family.slot_s is not None else horizon_s
@@ -133,36 +133,19 @@ def play_job(name: str, job: int, runs: int, seed: int, params: Params, horizon_
             nodes=family.nodes, surprise_rate_per_day=family.mean_rate_per_day,
             checkpoint_bytes=base.saves[0] * NOMINAL_BPS, probe_bps=NOMINAL_BPS / math.exp(rng.gauss(0, 0.5)),
         )
-        verdict = history.no_progress(records, guard_limit)
+        resumed = state.checkpoint.step if state is not None and state.checkpoint is not None else 0
+        own = replace(scenario, job=state, prior_runs_at=clock, run_id=f"{job}-{index}", start_step=resumed)
         lost: dict[str, float] = {}
-        if verdict is None:
-            for policy, runner in runners.items():
-                known = replace(scenario, prior_steps=steps, prior_saves=saves, prior_runs=tuple(records),
-                                prior_runs_at=clock) if policy.startswith("esiwrap") else scenario
-                outcome = runner(known)
-                lost[policy] = outcome.lost_s
+        stopped = False
+        for policy, runner in runners.items():
+            if policy.startswith("esiwrap"):
+                outcome = runner(own)
                 if policy == "esiwrap":
-                    record, steps, saves, durable_step = _after(
-                        outcome, scenario, clock, index, durable_step, steps, saves, family)
-                    records.append(record)
-        else:
-            records.append(RunRecord(clock, clock, f"{job}-{index}", ending="no_progress",
-                                     start_step=durable_step or None, end_step=durable_step or None))
-        out.append(JobRun(index, lost, verdict is not None, surprised))
-        clock += reclaim + RESTART_GAP_S
+                    assert outcome.state is not None
+                    state, stopped = outcome.state, outcome.not_started
+            else:
+                outcome = runner(scenario)
+            lost[policy] = outcome.lost_s
+        out.append(JobRun(index, {} if stopped else lost, stopped, surprised))
+        clock += reclaim + RESTART_GAP_S  # the slot passes on the pool's clock, used or not
     return out
-
-
-def _after(outcome: Outcome, scenario: Scenario, clock: float, index: int, durable: int,
-           steps: tuple[float, ...], saves: tuple[float, ...], family: JobFamily,
-           ) -> tuple[RunRecord, tuple[float, ...], tuple[float, ...], int]:
-    """What esiwrap's run leaves in the state file: its record, its steps and saves."""
-    start = durable or None
-    end = durable + outcome.saved_step if outcome.saved_step is not None else durable
-    ran = [s for s, b in zip(scenario.steps, scenario.boundaries(), strict=True) if b <= scenario.reclaim_at]
-    measured = tuple(w.durable - w.begins for w in outcome.completed)
-    record = RunRecord(clock, clock + scenario.reclaim_at, f"run-{index}", nodes=family.nodes,
-                       capacity=family.capacity, source="sim",
-                       ending="interrupted" if scenario.surprised else "announced",
-                       start_step=start, end_step=end or None, saves=len(outcome.completed))
-    return record, (*steps, *ran)[-100:], (*saves, *measured)[-10:], end

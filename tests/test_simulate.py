@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -193,3 +195,33 @@ def test_jobs_command_line(capsys: pytest.CaptureFixture[str]) -> None:
     assert "#### short-slots, 1 h, 2 jobs" in out and "| 4 | – | – | – | 0 | 2 |" in out
     with pytest.raises(SystemExit):
         simulate.main(["--job-runs", "3", "--job-families", "nope"])
+
+
+def test_a_jobs_runs_share_the_state_the_core_decides() -> None:
+    """The job simulator re-implements nothing: each run starts from the state the run before it
+    left (`Outcome.state`, the core's `KeepState`), resumes from its durable checkpoint's step, and
+    the history is what the core recorded: the runs that met their deadline end `announced`, with
+    their durable steps, those a surprise ended are closed by the next run as `interrupted`."""
+    from jobs import play_job
+
+    from esiwrap.core.config import ControllerConfig
+
+    kept: list[Any] = []
+
+    def esiwrap(scenario: Any) -> Any:
+        outcome = run_esiwrap(scenario, ControllerConfig())
+        kept.append((scenario, outcome))
+        return outcome
+
+    played = play_job("stormy-spot", 0, 4, 1, Params(), 3600.0, {"esiwrap": esiwrap})
+    assert len(kept) == 4 and not any(r.stopped for r in played)
+    for (_, before), (after, _) in itertools.pairwise(kept):
+        assert after.job is not None and after.job is before.state
+        resumed = after.job.checkpoint.step if after.job.checkpoint is not None else 0
+        assert after.start_step == resumed
+    last = kept[-1][1].state
+    assert last is not None and [r.run_id for r in last.runs] == ["0-1", "0-2", "0-3", "0-4"]
+    for (scenario, outcome), record in zip(kept[:-1], last.runs[:-1], strict=True):
+        assert record.ending == ("interrupted" if scenario.surprised else "announced")
+        if outcome.saved_step is not None:
+            assert record.end_step == outcome.saved_step

@@ -23,10 +23,12 @@ from dataclasses import dataclass, field, replace
 
 from esiwrap.core import controller as core
 from esiwrap.core.controller import Controller, ControllerConfig, Now
+from esiwrap.core.controller.job import Job
 from esiwrap.core.effects import Effects
 from esiwrap.core.history import RunRecord
 from esiwrap.core.policy import PolicyConfig, Prior
 from esiwrap.core.runner import Runner
+from esiwrap.core.state import JobState
 from esiwrap.core.values import Answer, CapacityKind, Deadline
 
 
@@ -65,6 +67,10 @@ class Trace:
     prior_runs: tuple[RunRecord, ...] = ()  # ...and the job's history of runs (`esiwrap.core.history`)
     prior_runs_at: float = 0.0  # when this run starts, on the history's clock
     start_step: int = 0  # the step the trainer resumed from (0: from scratch); its first is the next
+    run_id: str = ""  # a run of a job (`benchmarks/jobs.py`): its runs share a state file, as with
+    # `--state-file`; its clock is the job's (it starts at prior_runs_at), the no-progress guard may
+    # keep it from starting, and what it leaves for the next run is `Outcome.state`
+    job: JobState | None = None  # ...the state file it starts from (None: the job's first run)
 
     def index(self, step: int) -> int:
         """Where step number `step` is in the lists (`steps`, `saves`, `uploads`)."""
@@ -121,6 +127,8 @@ class Outcome:
     completed: tuple[Write, ...] = ()  # the saves that became durable, in order
     surprised: bool = False  # an interruption with no notice ended the run before its deadline
     uploading_s: float = 0.0  # wall time uploads ran, up to reclamation
+    state: JobState | None = None  # a job's run: the state it left for the next one (its last KeepState)
+    not_started: bool = False  # ...the no-progress guard kept it from starting (exit 78)
 
     @property
     def missed(self) -> bool:
@@ -212,6 +220,8 @@ class UploadLine:
 
 
 TRAINER_PID = 1000  # the simulated trainer is the direct child and says hello at once
+JOB_STATE = "job-state.json"  # a job's runs keep a state file (its name, for the log; nothing is written)
+JOB_HOST = "sim"  # every run of a simulated job is on "the same host": a vanished one is closed by the next
 UPLOAD_PID = 2000  # the simulated upload helper
 
 
@@ -227,11 +237,20 @@ class _Shell(Effects):
     """
 
     def __init__(self, trace: Trace, config: ControllerConfig, tally: Tally) -> None:
-        known = trace.prior_saves or trace.prior_uploads or trace.prior_runs
-        prior = Prior(trace.prior_steps, trace.prior_saves, (), trace.prior_uploads, trace.prior_runs,
-                      trace.prior_runs_at) if known else None
-        self.controller = Controller(config, prior=prior)
-        self.runner = Runner(self.controller, self, lambda: Now(self.now, self.now))
+        self.wall0 = 0.0  # the wall clock at the run's start: the job's clock, in a job
+        self.kept: JobState | None = None
+        if trace.run_id:
+            self.wall0 = trace.prior_runs_at
+            config = replace(config, state_file=config.state_file or JOB_STATE)
+            job = Job(trace.job, self.wall0, run_id=trace.run_id, host=JOB_HOST,
+                      max_no_progress_runs=config.max_no_progress_runs)
+            self.controller = Controller(config, job=job)
+        else:
+            known = trace.prior_saves or trace.prior_uploads or trace.prior_runs
+            prior = Prior(trace.prior_steps, trace.prior_saves, (), trace.prior_uploads, trace.prior_runs,
+                          trace.prior_runs_at) if known else None
+            self.controller = Controller(config, prior=prior)
+        self.runner = Runner(self.controller, self, lambda: Now(self.wall0 + self.now, self.now))
         self.tally = tally
         self.trace = trace
         self.now = 0.0
@@ -242,6 +261,10 @@ class _Shell(Effects):
         self.upload: tuple[int, float, float] | None = None  # step, began, ends
         self.changes = sorted(trace.changes, key=lambda c: c.at)
         self.capacity = trace.capacity
+        if trace.run_id:
+            self.feed(core.Launch())  # the guard may say no: Exit(78), and nothing starts
+            if self.exited:
+                return
         self.feed(core.ChildStarted(TRAINER_PID))
         self.feed(core.DeadlineAnswers((self._answer(trace.deadline),)))
         self.probe_bps = trace.probe_bps
@@ -306,7 +329,7 @@ class _Shell(Effects):
         pass  # its end is fed when training is over (`wind_down`)
 
     def keep_state(self, action: core.KeepState) -> None:
-        pass  # a job's runs share their state in `benchmarks/jobs.py`
+        self.kept = action.state  # a job's next run starts from the last (`benchmarks/jobs.py`)
 
     def notify_stopping(self, action: core.NotifyStopping) -> None:
         pass
@@ -359,8 +382,13 @@ class _Shell(Effects):
             self.exited = True
 
     def wind_down(self) -> None:
-        """Training is over: the child's tree is gone, the uploads finish or are cut off."""
+        """Training is over: the child's tree is gone, the uploads finish or are cut off; in a job,
+        the run's end is what the state file keeps."""
         if self.trace.uploads is None:
+            if self.trace.run_id and self.controller.stop is not None and not self.exited \
+                    and self.now <= self.trace.reclaim_at:
+                self.feed(core.ChildExited(TRAINER_PID, 0))
+                self.feed(core.TreeChecked(0))
             return
         if self.in_flight is not None:
             self.advance(self.in_flight.durable, after_stop=True)
@@ -377,8 +405,8 @@ class _Shell(Effects):
             self.advance(nxt, after_stop=True)
 
     def _answer(self, deadline: float) -> Answer:
-        return Answer("sim", deadline=Deadline(at=deadline, source="sim"), capacity=self.capacity,
-                      notice_s=self.trace.notice_s)
+        return Answer("sim", deadline=Deadline(at=self.wall0 + deadline, source="sim"),
+                      capacity=self.capacity, notice_s=self.trace.notice_s)
 
     def finish_write(self) -> None:
         write = self.in_flight
@@ -394,6 +422,8 @@ def replay(trace: Trace, config: PolicyConfig | ControllerConfig) -> Outcome:
     if trace.uploads is not None and not full.uploads:  # a run with uploads is a run with --upload
         full = replace(full, policy=replace(full.policy, uploads=True))
     shell = _Shell(trace, full, tally)
+    if shell.exited:  # the no-progress guard kept it from starting
+        return replace(tally.outcome(), state=shell.kept, not_started=True)
     last_boundary = 0.0
     for index, duration in enumerate(trace.steps):
         step = trace.step_number(index)
@@ -413,7 +443,7 @@ def replay(trace: Trace, config: PolicyConfig | ControllerConfig) -> Outcome:
     if shell.in_flight is not None and not shell.stopped:
         shell.advance(shell.in_flight.durable)
     shell.wind_down()
-    return tally.outcome()
+    return replace(tally.outcome(), state=shell.kept)
 
 
 def _save(shell: _Shell, tally: Tally, trace: Trace, step: int) -> bool:

@@ -696,6 +696,12 @@ class Controller:
         if self.saves.request is None:
             self._request_save("last_chance", now)
         self._drain(now)
+        # The run met its deadline: that is how it ended, for the job's history, whatever the last
+        # chance brings (the capacity may go any moment; a run that vanished here must not count
+        # as an interruption, nor escape the no-progress guard).
+        self.job.ended("deadline", self._remaining(now))
+        if self.config.state_file is not None:
+            self._keep_state(now)
 
     def _missed(self, reason: str, now: Now, level: LogLevel = "error", grace_s: float | None = None) -> None:
         """No checkpoint, and none can come now: say why (the last plan, the signal, what was late,
