@@ -80,8 +80,8 @@ from esiwrap.times import iso_epoch
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY_TRAINER = ROOT / "examples" / "tiny_trainer.py"
-SLEEP_TRAINER = ROOT / "tests" / "children" / "sleep_trainer.py"
-SLOWFS = ROOT / "tests" / "slowfs.py"
+SLEEP_TRAINER = ROOT / "tests" / "lib" / "children" / "sleep_trainer.py"
+SLOWFS = ROOT / "tests" / "lib" / "slowfs.py"
 BUSY_LOOP = "while True: pass"
 QUOTA_CORES = 1.0
 # The quota's cgroup weighs as much as this many plain processes: to the scheduler a cgroup is one

@@ -11,7 +11,7 @@ import freezegun
 import pytest
 from hypothesis import HealthCheck, settings
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent / "lib"))  # the helpers and plugins: tests/lib/
 
 import esiwrap_harness
 from esiwrap_harness import EsiwrapRun

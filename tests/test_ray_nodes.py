@@ -35,7 +35,7 @@ from ray_cluster import RayNode, leftovers, node_environment, node_with, ray_env
 from esiwrap.errors import EXIT_CHECKPOINTED, EXIT_USAGE
 from esiwrap.times import parse_iso
 
-DRIVER = ROOT / "tests" / "verl_driver.py"
+DRIVER = ROOT / "tests" / "lib" / "verl_driver.py"
 SPOT_ITEM = "/latest/spot_instance_termination_time"
 MLP = "MLP_CURRENT_CAPACITY_BLOCK_EXPIRATION_TIMESTAMP"
 RAY_TIMEOUT_S = 240.0  # importing verl in a fresh Ray worker is slow on a busy CI machine

@@ -26,7 +26,7 @@ from esiwrap.times import iso_epoch
 
 pytestmark = pytest.mark.system
 
-CHANGING_DEADLINE = ROOT / "tests" / "changing_deadline.py"
+CHANGING_DEADLINE = ROOT / "tests" / "lib" / "changing_deadline.py"
 
 
 @dataclass

@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 from esiwrap.shell import verify as verify_module
 from esiwrap.shell.verify import CHECKS, Verdict, detect, verify
 
-VERL_DRIVER = Path(__file__).resolve().parent / "verl_save_driver.py"
+VERL_DRIVER = ROOT / "tests" / "lib" / "verl_save_driver.py"
 
 
 def no_wait(seconds: float) -> None:

@@ -29,7 +29,7 @@ from ray_cluster import RayNode, cluster_up, node_environment, ray_env
 from esiwrap.errors import EXIT_CHECKPOINTED
 from esiwrap.paths import bootstrap_dir
 
-DRIVER = ROOT / "tests" / "verl_driver.py"
+DRIVER = ROOT / "tests" / "lib" / "verl_driver.py"
 RAY_TIMEOUT_S = 240.0  # importing verl in a fresh Ray worker is slow on a busy CI machine
 pytestmark = [pytest.mark.system, pytest.mark.timeout(420)]
 

@@ -65,7 +65,7 @@ def _guarded(item: pytest.Item, phase: str) -> Generator[None, None, None]:
             f"{item.nodeid} is in the fast lane but its {phase} started a process: {started[0]}"
             f"{f' (and {len(started) - 1} more)' if len(started) > 1 else ''}. Mark it "
             "`@pytest.mark.system` (or its module: `pytestmark = pytest.mark.system`), or use the "
-            "`esiwrap`/`runs` fixture (tests/lanes.py).", pytrace=False)
+            "`esiwrap`/`runs` fixture (tests/lib/lanes.py).", pytrace=False)
     return result
 
 

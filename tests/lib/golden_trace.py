@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import ClassVar
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "benchmarks"))
+sys.path.insert(0, str(HERE.parents[1] / "benchmarks"))
 sys.path.insert(0, str(HERE))
 
 from controller_driver import CHILD, Driver  # noqa: E402
@@ -269,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     mode = parser.add_mutually_exclusive_group(required=True)
     mode.add_argument("--write", metavar="DIR", help="the traces as text: DIR/decisions.txt, DIR/logs.txt")
     mode.add_argument("--diff", action="store_true", help="the first difference of each changed section")
-    mode.add_argument("--update", action="store_true", help=f"rewrite {GOLDEN.relative_to(HERE.parent)}/")
+    mode.add_argument("--update", action="store_true", help=f"rewrite {GOLDEN.relative_to(HERE.parents[1])}/")
     ns = parser.parse_args(argv)
     if os.environ.get("PYTHONHASHSEED") != "0":
         print("golden_trace: run with PYTHONHASHSEED=0 (set iteration order)", file=sys.stderr)

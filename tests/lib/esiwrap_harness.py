@@ -19,7 +19,7 @@ import psutil
 
 from esiwrap.times import iso_epoch
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
 TINY_TRAINER = EXAMPLES / "tiny_trainer.py"
 CHILDREN = Path(__file__).resolve().parent / "children"
