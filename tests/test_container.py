@@ -11,28 +11,16 @@ from pathlib import Path
 
 import psutil
 import pytest
-from esiwrap_harness import CHILDREN, PYTHON, TINY_TRAINER, EsiwrapRun, wait_until
+from esiwrap_harness import CHILDREN, PYTHON, TINY_TRAINER, EsiwrapRun
+from pid_namespace import AS_PID_1, pid_1_on_the_host
 
 from esiwrap.errors import EXIT_CHECKPOINTED
 from esiwrap.signals import signal_label
 
 pytestmark = pytest.mark.system
 
-AS_PID_1 = ("unshare", "--fork", "--pid", "--mount-proc", PYTHON, "-m", "esiwrap")
 SENT = (signal.SIGHUP, signal.SIGPWR, signal.SIGALRM, signal.SIGWINCH, signal.SIGUSR2,
         signal.SIGRTMIN + 3)
-
-
-def pid_1_on_the_host(run: EsiwrapRun) -> int:
-    """The host's pid of the namespace's PID 1 (esiwrap), the child of `unshare --fork`."""
-    found: list[int] = []
-
-    def esiwrap_started() -> bool:
-        found[:] = [c.pid for c in psutil.Process(run.pid).children() if "esiwrap" in " ".join(c.cmdline())]
-        return bool(found)
-
-    assert wait_until(esiwrap_started, 30)
-    return found[0]
 
 
 @pytest.fixture

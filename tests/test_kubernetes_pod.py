@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 from esiwrap_harness import PYTHON, ROOT, TINY_TRAINER, EsiwrapRun
-from test_container import AS_PID_1, pid_1_on_the_host
+from pid_namespace import AS_PID_1, pid_1_on_the_host
 
 from esiwrap.errors import EXIT_CHECKPOINTED, EXIT_USAGE
 

@@ -4,30 +4,16 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import replace
 from typing import Any
 
 import pytest
+from full_snapshot import NOW, snapshot
 from hypothesis import given
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
 from esiwrap.core.snapshot import PHASES, Snapshot
 from esiwrap.shell.metrics import FAMILIES, escape_label, render
-
-NOW = 1_800_000_000.0
-
-
-def snapshot(**changes: Any) -> Snapshot:
-    base = Snapshot(
-        time=NOW, run_id="3f2a9c0d1e2f", pid=4242, child_pid=4250, phase="running",
-        deadline_at=NOW + 2460.0, deadline_source="volcengine", next_save_at=NOW + 1680.0,
-        next_save_kind="insurance", next_save_reason="last safe moment before the deadline",
-        step_estimate_s=1.25, save_estimate_s=45.0, last_step=1300, last_checkpoint_at=NOW - 360.0,
-        last_checkpoint_step=1200, work_at_risk_s=362.5, saves_completed=2, saves_failed=1,
-        saves_missed=0, trainers=1,
-    )
-    return replace(base, **changes)
 
 
 def families(text: str) -> dict[str, Any]:

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+from full_snapshot import NOW, snapshot
 from prometheus_client.parser import text_string_to_metric_families
-from test_metrics import NOW, snapshot
 
 from esiwrap.core.snapshot import Snapshot
 from esiwrap.shell.endpoint import HttpEndpoint, Page

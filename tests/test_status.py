@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 from esiwrap_harness import CHILDREN, PYTHON
-from test_metrics import snapshot
+from full_snapshot import snapshot
 
 from esiwrap.core.snapshot import Snapshot
 from esiwrap.shell.statusfile import default_status_file
