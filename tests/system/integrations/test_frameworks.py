@@ -129,7 +129,7 @@ def test_rank0_only_save_is_acknowledged_by_rank0_alone(esiwrap, tmp_path: Path)
     ckpt_dir = tmp_path / "rank0-only-marker"
     run = esiwrap(
         "--deadline", "+20s", "--redundant-time", "6", "--save-duration", "1", "--no-final-save",
-        "--", PYTHON, str(Path(__file__).parent / "lib" / "ranks_launcher.py"), "--ranks", "2",
+        "--", PYTHON, str(Path(__file__).parents[2] / "lib" / "ranks_launcher.py"), "--ranks", "2",
         "--savers", "rank0", "--ckpt-dir", str(ckpt_dir),
     )
     saved = the_save(run)

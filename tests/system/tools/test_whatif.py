@@ -14,7 +14,7 @@ from fakes.fixtures import CREDENTIALS, INSTANCE_ID, REGION, SCHEDULED_ID, rfc33
 from fakes.metadata import FakeMetadata
 from fakes.volcengine_api import FakeVolcengineApi
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
 
 from runners import run_esiwrap
 from traces import DeadlineChange, Scenario

@@ -43,7 +43,7 @@ from esiwrap.sources.spot import (
 )
 from esiwrap.tools import whatif
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
 
 from runners import run_esiwrap
 from traces import Params, generate

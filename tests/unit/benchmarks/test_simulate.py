@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
 
 import simulate
 from runners import run_esiwrap, run_oracle, run_verl, verl_wants_save
@@ -128,7 +128,7 @@ def test_the_simulated_supervisor_saves_where_the_real_one_did(esiwrap) -> None:
     saves the same number of times at the same last step as the real esiwrap (within one step:
     on a loaded machine the real timer can fire late, and a step report arrive late; steps of
     0.6 s keep that small next to a step)."""
-    child = Path(__file__).resolve().parent / "lib" / "children" / "sleep_trainer.py"
+    child = Path(__file__).resolve().parents[2] / "lib" / "children" / "sleep_trainer.py"
     deadline = time.time() + 16.0
     run = esiwrap("--deadline", f"{deadline:.3f}", "--redundant-time", "2", "--save-duration", "0.4",
                   "--final-margin", "0.4", "--log-level", "debug", "--", sys.executable, str(child),

@@ -11,7 +11,7 @@ import pytest
 
 pytestmark = pytest.mark.system  # both tests run benchmarks/soak.py
 
-SOAK = Path(__file__).resolve().parent.parent / "benchmarks" / "soak.py"
+SOAK = Path(__file__).resolve().parents[3] / "benchmarks" / "soak.py"
 
 
 def test_a_quick_soak_runs_esiwrap_and_reads_every_figure_from_its_log(tmp_path: Path) -> None:

@@ -345,6 +345,6 @@ def test_unique_marker_helper_sees_processes() -> None:
 
 def test_orphans_are_reaped_as_subreaper(esiwrap) -> None:
     """An orphaned grandchild comes to esiwrap (child subreaper) and is reaped, not a zombie."""
-    run = esiwrap("--", PYTHON, str(Path(__file__).parent / "lib" / "children" / "orphan_maker.py"))
+    run = esiwrap("--", PYTHON, str(Path(__file__).parents[2] / "lib" / "children" / "orphan_maker.py"))
     assert run.finish(30) == 0, run.stdout
     assert "reaped=True" in run.stdout.decode()

@@ -15,7 +15,7 @@ from esiwrap.integrations.verl_checkpoint import estimate_checkpoint_bytes, mode
 
 pytestmark = pytest.mark.system
 
-DRIVER = Path(__file__).resolve().parent / "lib" / "verl_checkpoint_driver.py"
+DRIVER = Path(__file__).resolve().parents[2] / "lib" / "verl_checkpoint_driver.py"
 TOLERANCE = 0.10  # measured: -0.8 % on this tiny model (the pickles and the RNG state it leaves out)
 
 
