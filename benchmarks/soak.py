@@ -28,14 +28,14 @@ The loads (`--loads`, comma-separated):
   the hog: the hog keeps MEMORY_HOG_MB of its own memory touched and streams a dataset
   (DATASET_MB, read in a loop at DATASET_MB_S, as data loaders do) through the page cache, so the
   cgroup stays at its limit and every page a run asks for is reclaimed from something else;
-* slowfs: the checkpoints on tests/slowfs.py's FUSE filesystem (one a run slot) at SLOWFS_MB_S,
+* slowfs: the checkpoints on tests/lib/slowfs.py's FUSE filesystem (one a run slot) at SLOWFS_MB_S,
   with a checkpoint of SLOWFS_CHECKPOINT_MB (a save of about 2 s);
-* test76: the conditions of `tests/test_simulate.py::
+* test76: the conditions of `tests/unit/benchmarks/test_simulate.py::
   test_the_simulated_supervisor_saves_where_the_real_one_did`, where a loaded full-suite run
   once exited 76: its trainer (0.6 s steps, 0.3 s saves, no torch), its flags and its 16 s
   deadline, launched as the test harness does (`python -m esiwrap`, stderr read through a pipe),
   three at once (the suite's three workers) beside 2 busy loops per core;
-* stalldisk: the same runs, with their status and state files on tests/slowfs.py's filesystem
+* stalldisk: the same runs, with their status and state files on tests/lib/slowfs.py's filesystem
   with FILES_LATENCY_S added to every write, rename and fsync: a disk so busy (another job's
   checkpoint in its writeback) that a small file's write waits. esiwrap before issue 24 wrote
   them from its loop: this is the load under which it exited 76 (BENCHMARKS.md).
@@ -160,7 +160,8 @@ WORKLOADS = {
     # then a final save 1 s from the deadline at the closest
     "torch": Workload("torch", 40.0, ("--redundant-time", "4", "--save-duration", "1", "--final-margin", "1",
                                       "--local-checkpoints-survive")),
-    # tests/test_simulate.py::test_the_simulated_supervisor_saves_where_the_real_one_did, as it is
+    # tests/unit/benchmarks/test_simulate.py::
+    # test_the_simulated_supervisor_saves_where_the_real_one_did, as it is
     "test76": Workload("test76", 16.0, ("--redundant-time", "2", "--save-duration", "0.4",
                                         "--final-margin", "0.4"), harness=True),
 }
@@ -312,7 +313,7 @@ def run_once(load: Load, workload: Workload, index: int, run_dir: Path, ckpt_dir
 
 
 def _read_pipes(proc: subprocess.Popen[bytes], until: float) -> int | None:
-    """Read stdout and stderr as they come (a thread each), as tests/esiwrap_harness.py does."""
+    """Read stdout and stderr as they come (a thread each), as tests/lib/esiwrap_harness.py does."""
     def drain(stream: Any) -> None:
         while os.read(stream.fileno(), 65536):
             pass
@@ -504,7 +505,7 @@ def load_in_place(load: Load, parallel: int, busy_per_core: int, scratch: Path,
             stack.callback(processes.stop, writer)
         if load.slowfs or load.files_latency_s is not None:
             sys.path.insert(0, str(SLOWFS.parent))
-            import slowfs  # type: ignore[import-not-found]  # tests/slowfs.py
+            import slowfs  # type: ignore[import-not-found]  # tests/lib/slowfs.py
 
             def mounts(name: str, bytes_per_s: float, latency_s: float = 0.0) -> list[Path]:
                 return [stack.enter_context(slowfs.mounted(scratch / f"{name}-{slot}", bytes_per_s,

@@ -11,7 +11,7 @@
     .venv/bin/python scripts/gen_pictures.py            # run the trainer (under a minute), write both
     .venv/bin/python scripts/gen_pictures.py --render   # only draw the SVG again from the committed log
 
-The run needs torch (the demo's extra). tests/test_reference_docs.py draws the SVG again from the
+The run needs torch (the demo's extra). tests/unit/test_reference_docs.py draws the SVG again from the
 committed log and fails when it differs from the committed one: a change to the timeline's drawing
 means running `--render` (the run itself is needed only when the log should show something new).
 """

@@ -11,7 +11,7 @@
 
 Each page keeps its hand-written prose; only the text between its `<!-- BEGIN generated: NAME -->`
 and `<!-- END generated: NAME -->` markers is replaced; the pictures are whole files.
-tests/test_reference_docs.py fails when a committed page or picture differs from what this writes.
+tests/unit/test_reference_docs.py fails when a committed page or picture differs from what this writes.
 
     .venv/bin/python scripts/gen_reference.py          # rewrite the pages
     .venv/bin/python scripts/gen_reference.py --check  # exit 1, naming the stale pages

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install everything the test suite needs into .venv, then run the whole suite in two lanes: the
 # fast lane (pure and in-process tests), then the system lane (real processes: esiwrap, trainers,
-# Slurm, systemd, Chromium, Ray, the wheel, the docs build), each with its wall time (tests/lanes.py).
+# Slurm, systemd, Chromium, Ray, the wheel, the docs build), each with its wall time
+# (tests/lib/lanes.py).
 # Usage: scripts/test.sh [--fast] [pytest args...]   (--fast: the fast lane alone)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,24 +15,25 @@ python3 -m venv .venv
 # torch first and pinned: the CPU wheel; anything unpinned could pull a multi-GB CUDA build
 .venv/bin/pip install --quiet --disable-pip-version-check torch==2.13.0
 .venv/bin/pip install --quiet --disable-pip-version-check -e '.[test,verl,hf,lightning,docs]'
-# systemd-analyze checks the shipped unit (tests/test_systemd_unit.py); tests/test_systemd_real.py
-# runs the installed systemd as PID 1 of a private namespace (unshare, nsenter, setpriv, mount from
-# util-linux); PID 1 of this machine need not be systemd. Chromium renders `esiwrap report --html`
-# in tests/test_timeline.py (headless, no network). tests/test_slurm_real.py starts a real Slurm
-# (munged, slurmctld, slurmd from Debian, as plain processes; no systemd, no cgroups).
+# systemd-analyze checks the shipped unit (tests/system/platforms/test_systemd_unit.py);
+# tests/system/platforms/test_systemd_real.py runs the installed systemd as PID 1 of a private
+# namespace (unshare, nsenter, setpriv, mount from util-linux); PID 1 of this machine need not be
+# systemd. Chromium renders `esiwrap report --html` in tests/system/tools/test_timeline.py
+# (headless, no network). tests/system/platforms/test_slurm_real.py starts a real Slurm (munged,
+# slurmctld, slurmd from Debian, as plain processes; no systemd, no cgroups).
 missing=()
 command -v systemd-analyze >/dev/null || missing+=(systemd)
 { command -v nsenter && command -v setpriv; } >/dev/null || missing+=(util-linux)
 command -v mount >/dev/null || missing+=(mount)
 command -v chromium >/dev/null || missing+=(chromium fonts-dejavu-core)  # the font the picture names first
-# tests/slowfs.py mounts a FUSE filesystem paced like network storage (fusepy needs libfuse2)
+# tests/lib/slowfs.py mounts a FUSE filesystem paced like network storage (fusepy needs libfuse2)
 ldconfig -p | grep -q 'libfuse\.so\.2 ' || missing+=(libfuse2)
 command -v slurmctld >/dev/null || missing+=(slurmctld)
 command -v slurmd >/dev/null || missing+=(slurmd)
 { command -v sbatch && command -v squeue && command -v scontrol; } >/dev/null || missing+=(slurm-client)
 command -v munged >/dev/null || missing+=(munge)
-# tests/faketime.py steps the wall clock of real processes: Debian's libfaketime (its thread-safe
-# build), preloaded behind a small shim that it compiles at test time (gcc, libc6-dev's headers)
+# tests/lib/faketime.py steps the wall clock of real processes: Debian's libfaketime (its
+# thread-safe build), preloaded behind a shim it compiles at test time (gcc, libc6-dev's headers)
 compgen -G '/usr/lib/*/faketime/libfaketimeMT.so.1' >/dev/null || missing+=(libfaketime)
 command -v gcc >/dev/null || missing+=(gcc)
 [ -e /usr/include/dlfcn.h ] || missing+=(libc6-dev)
