@@ -1,6 +1,6 @@
 """The real supervisor with a deadline source the test can move: a file it re-reads.
 
-    python tests/changing_deadline.py DEADLINE_FILE LOG_FILE -- COMMAND...
+    python tests/lib/changing_deadline.py DEADLINE_FILE LOG_FILE -- COMMAND...
 
 The file holds epoch seconds; the source asks again every 0.3 s, so rewriting the file is what a
 cloud API announcing a new release time looks like to esiwrap (`deadline_changed`). The core's

@@ -34,7 +34,7 @@ several threads). Its settings, each one needed:
 One path no setting reaches: an absolute `clock_nanosleep` on CLOCK_MONOTONIC, which is how
 CPython 3.11 sleeps. Debian 12's libfaketime 0.9.10 treats its deadline as a wall-clock time and
 `time.sleep(0.5)` fails with EINVAL (upstream issue #426, fixed in 0.9.11). A shim,
-tests/faketime_shim.c, compiled with gcc on first use and preloaded *before* libfaketime, sends
+tests/lib/faketime_shim.c, compiled with gcc on first use and preloaded *before* libfaketime, sends
 every clock_nanosleep that is not on CLOCK_REALTIME straight to glibc.
 
 Children inherit `LD_PRELOAD` and the variables, so esiwrap's trainer and helpers, and their
@@ -87,7 +87,7 @@ def find_library() -> Path:
 
 
 def build_shim(directory: Path) -> Path:
-    """Compile tests/faketime_shim.c into `directory` (once per version of the source)."""
+    """Compile tests/lib/faketime_shim.c into `directory` (once per version of the source)."""
     source = SHIM_SOURCE.read_bytes()
     shim = directory / f"faketime_shim-{hashlib.sha256(source).hexdigest()[:12]}.so"
     if shim.exists():

@@ -1,4 +1,4 @@
-/* Preloaded before libfaketime by tests/faketime.py: sleeps on any clock but the wall clock go
+/* Preloaded before libfaketime by tests/lib/faketime.py: sleeps on any clock but the wall clock go
  * straight to the C library.
  *
  * Debian 12's libfaketime (0.9.10) rewrites every absolute clock_nanosleep() deadline as if it

@@ -13,13 +13,13 @@ written twice, apart:
                 call of a random section, the snapshot (`S`)
     logs        the same call's log lines, each field in its order
 
-The golden copies are `tests/golden/decisions.txt.xz` and `tests/golden/logs.txt.xz`;
-`tests/test_golden_trace.py` compares each section and names the first call that differs, with
+The golden copies are `tests/lib/golden/decisions.txt.xz` and `tests/lib/golden/logs.txt.xz`;
+`tests/unit/test_golden_trace.py` compares each section and names the first call that differs, with
 its golden and its new line.
 
-    python tests/golden_trace.py --write DIR     # the two traces as text (to diff two commits)
-    python tests/golden_trace.py --diff          # the first difference of each changed section
-    python tests/golden_trace.py --update        # rewrite the golden copies after a decision change
+    python tests/lib/golden_trace.py --write DIR     # the two traces as text (to diff two commits)
+    python tests/lib/golden_trace.py --diff          # the first difference of each changed section
+    python tests/lib/golden_trace.py --update        # rewrite the golden copies after a decision change
 
 A deliberate change of a decision (a policy change) rewrites the golden copies in the same commit.
 """

@@ -1,8 +1,8 @@
 """Every `pip install` command README.md and docs/ give a reader, and what the suite does with each.
 
-`tests/test_wheel.py` runs the ones marked RUN, as written, in fresh venvs (in a folder holding a
+`tests/system/test_wheel.py` runs the ones marked RUN, as written, in fresh venvs (in a folder holding a
 copy of the tree named `esiwrap`, as the docs' clone is); each of the others says why no test can
-run it here. `tests/test_install_docs.py` holds the pages to this table: a command a page gives
+run it here. `tests/unit/test_install_docs.py` holds the pages to this table: a command a page gives
 that the table does not know fails, and so does an entry no page gives any more.
 """
 

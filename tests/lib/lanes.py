@@ -27,7 +27,7 @@ SYSTEM = "system"
 PROCESS_FIXTURES = frozenset({
     "esiwrap",  # conftest: `python -m esiwrap ...`
     "runs",  # conftest (and test_upload.py's own): runs a test launches itself
-    "wall_clock",  # tests/faketime.py: compiles its shim, probes each step with a process
+    "wall_clock",  # tests/lib/faketime.py: compiles its shim, probes each step with a process
 })
 
 

@@ -1,6 +1,6 @@
 """A real FUSE filesystem whose writes are held to a bandwidth, like network storage.
 
-    python tests/slowfs.py BACKING_DIR MOUNTPOINT BYTES_PER_SECOND [LATENCY_S]
+    python tests/lib/slowfs.py BACKING_DIR MOUNTPOINT BYTES_PER_SECOND [LATENCY_S]
 
 It passes every operation through to BACKING_DIR and paces writes (a token bucket shared by all
 writers), so a checkpoint written to MOUNTPOINT takes its size over the bandwidth, for the trainer

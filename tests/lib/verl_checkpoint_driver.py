@@ -1,6 +1,6 @@
 """A real verl FSDP checkpoint of a tiny model, on CPU, to check esiwrap's size estimate against.
 
-    python tests/verl_checkpoint_driver.py WORKDIR
+    python tests/lib/verl_checkpoint_driver.py WORKDIR
 
 Builds a tiny Llama from a config (no download), saves it to WORKDIR/model as a Hugging Face model
 directory in bfloat16, loads it as verl's actor does (fp32, FSDP2 over a one-rank gloo group), takes

@@ -1,8 +1,8 @@
 """Real verl checkpoints, on CPU, written by verl's own trainer-level `_save_checkpoint`.
 
-    python tests/verl_save_driver.py WORKDIR
+    python tests/lib/verl_save_driver.py WORKDIR
 
-As tests/verl_checkpoint_driver.py: a tiny Llama from a config (no download), loaded in fp32,
+As tests/lib/verl_checkpoint_driver.py: a tiny Llama from a config (no download), loaded in fp32,
 FSDP2 over a one-rank gloo group, one AdamW step, verl's `FSDPCheckpointManager` (model, optimizer
 and extra saved). Then `RayPPOTrainer._save_checkpoint` runs for steps 1 and 2 on a stand-in
 trainer (its config, step counter, the worker group's `save_checkpoint`, a `StatefulDataLoader`)

@@ -19,7 +19,7 @@ def test_every_decision_and_log_line_is_the_golden_one() -> None:
     found = golden_trace.differences(golden, golden_trace.render(golden_trace.traced()))
     shown = "\n".join(str(d) for d in found[:5])
     assert not found, (f"{len(found)} section(s) differ; the first:\n{shown}\n"
-                       "(PYTHONHASHSEED=0 python tests/golden_trace.py --diff shows them all)")
+                       "(PYTHONHASHSEED=0 python tests/lib/golden_trace.py --diff shows them all)")
 
 
 def test_a_difference_names_its_first_call() -> None:

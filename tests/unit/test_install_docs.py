@@ -24,7 +24,8 @@ def test_every_install_command_of_the_docs_is_one_the_suite_knows() -> None:
     given = {command: page.relative_to(ROOT) for page in pages(ROOT)
              for command in documented(page.read_text())}
     unknown = {command: str(page) for command, page in given.items() if command not in COMMANDS}
-    assert unknown == {}, "add each to tests/install_commands.py: run it (tests/test_wheel.py) or say why not"
+    assert unknown == {}, ("add each to tests/lib/install_commands.py: run it (tests/system/test_wheel.py) "
+                           "or say why not")
     assert set(COMMANDS) - set(given) == set()
     assert all(how == RUN or len(how.split()) >= 4 for how in COMMANDS.values())
 

@@ -136,7 +136,8 @@ def test_esiwrap_runs_the_command_from_the_environment(tmp_path: Path) -> None:
 
 
 def test_example_env_is_what_install_writes() -> None:
-    """systemd/example.env is current (regenerate: python tests/test_systemd_unit.py)."""
+    """systemd/example.env is current (regenerate: PYTHONPATH=tests/lib python
+    tests/system/platforms/test_systemd_unit.py)."""
     assert EXAMPLE_ENV.read_text() == example_env_text()
 
 
