@@ -351,7 +351,9 @@ class _Shell(Effects):
 
     def advance(self, until: float, *, after_stop: bool = False) -> None:
         """Timers, deadline announcements, a write becoming durable and an upload ending, up to
-        `until`, in order (`after_stop`: training is over, the uploads and the timers go on)."""
+        `until`, in order (`after_stop`: training is over, the uploads and the timers go on). Never
+        past the capacity's reclamation: nothing of the run happens after it."""
+        until = min(until, self.trace.reclaim_at)
         while not self.exited and (after_stop or not self.stopped):
             wait = self.runner.wake_in()
             timer = math.inf if wait is None else self.now + wait
@@ -400,9 +402,13 @@ class _Shell(Effects):
             wait = self.runner.wake_in()
             nxt = min(self.now + wait if wait is not None else math.inf,
                       self.upload[2] if self.upload is not None else math.inf)
-            if nxt == math.inf:
+            if nxt > self.trace.reclaim_at:
                 break
             self.advance(nxt, after_stop=True)
+        if self.upload is not None:  # cut off by the reclamation: its time counts until then
+            step, began, ends = self.upload
+            self.upload = None
+            self.tally.uploaded(step, began, ends)
 
     def _answer(self, deadline: float) -> Answer:
         return Answer("sim", deadline=Deadline(at=self.wall0 + deadline, source="sim"),

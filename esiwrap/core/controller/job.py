@@ -42,6 +42,7 @@ class Progress:
     saves: int
     uploads: int
     uploads_failed: int
+    deadline_at: float | None = None  # the deadline known now (wall time)
 
 
 @dataclass(frozen=True)
@@ -128,6 +129,7 @@ class Job:
             end_step = progress.durable_step if progress.durable_step is not None else run.start_step
             run = replace(run, nodes=max(1, progress.nodes), capacity=progress.capacity,
                           source=progress.source, end_step=end_step, saves=progress.saves,
-                          uploads=progress.uploads, uploads_failed=progress.uploads_failed)
+                          uploads=progress.uploads, uploads_failed=progress.uploads_failed,
+                          deadline_at=progress.deadline_at)
         self.run = run
         return after.with_run(run)

@@ -302,7 +302,8 @@ class Controller:
             deadline = self.book.deadline
             progress = Progress(obs.capacity.nodes, obs.capacity.kind, deadline.source if deadline else "",
                                 uploads.durable.step if uploads.durable else None, self.saves.completed_total,
-                                uploads.completed_total, uploads.failed_total)
+                                uploads.completed_total, uploads.failed_total,
+                                deadline.at if deadline else None)
         self.out.act(KeepState(self.job.state(now.wall, progress, measured)))
 
     # ------------------------------------------------------------------ the child and its trainers
