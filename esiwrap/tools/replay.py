@@ -12,6 +12,11 @@ durable save holds. With uploads (`Trace.uploads`, the run has `--upload`), a ch
 only once its upload ended before reclamation; the controller starts each upload (`StartUpload`),
 one at a time, and they go on after training stops, until the controller exits.
 
+A simulated checkpoint has no files: it is whole by construction. A trace that gives verification
+times (`Trace.verify_s`) runs with verification, and its world answers each `VerifyCheckpoint`
+after that time, valid; a trace that gives none (every family of `benchmarks/traces.py`) runs
+without it, as its plans were made.
+
 `benchmarks/simulate.py` replays synthetic traces against verl's rule and an oracle;
 `esiwrap report --what-if` replays a real run's measured durations with other settings.
 """
@@ -62,6 +67,7 @@ class Trace:
     prior_uploads: tuple[float, ...] = ()  # the previous run's state file: measured uploads
     prior_runs: tuple[RunRecord, ...] = ()  # ...and the job's history of runs (`esiwrap.core.history`)
     prior_runs_at: float = 0.0  # when this run starts, on the history's clock
+    verify_s: list[float] | None = None  # verification: a checkpoint of step k is verified in verify_s[k-1]
 
     def blocking_s(self, step: int) -> float:
         """How long a save at this step's boundary stops training."""
@@ -220,6 +226,7 @@ class _Shell(Effects):
         self.exited = False
         self.in_flight: Write | None = None
         self.upload: tuple[int, float, float] | None = None  # step, began, ends
+        self.verify: tuple[core.VerifyCheckpoint, float] | None = None  # the check, when it ends
         self.changes = sorted(trace.changes, key=lambda c: c.at)
         self.capacity = trace.capacity
         self.feed(core.ChildStarted(TRAINER_PID))
@@ -297,6 +304,35 @@ class _Shell(Effects):
     def check_filesystem(self, action: core.CheckFilesystem) -> None:
         pass  # the simulated checkpoint is on storage that outlives the run
 
+    def verify_checkpoint(self, action: core.VerifyCheckpoint) -> None:
+        """Whole by construction: valid, after the trace's time (at once when it is 0)."""
+        took = self.trace.verify_s[action.step - 1] if self.trace.verify_s else 0.0
+        if took <= 0.0:
+            self.runner.feed(_valid(action))
+        else:
+            self.verify = (action, self.now + took)
+
+    def stop_verify(self, action: core.StopVerify) -> None:
+        self.verify = None  # given up: its answer never comes
+
+    def write_manifest(self, action: core.WriteManifest) -> None:
+        pass  # no files: the next run's state is `benchmarks/jobs.py`'s
+
+    def look_for_checkpoint(self, action: core.LookForCheckpoint) -> None:
+        _not_simulated(action)
+
+    def fetch_manifests(self, action: core.FetchManifests) -> None:
+        _not_simulated(action)
+
+    def start_restore(self, action: core.StartRestore) -> None:
+        _not_simulated(action)
+
+    def stop_restore(self, action: core.StopRestore) -> None:
+        _not_simulated(action)
+
+    def start_command(self, action: core.StartCommand) -> None:
+        _not_simulated(action)
+
     def release_capacity(self, action: core.ReleaseCapacity) -> None:
         pass
 
@@ -309,12 +345,15 @@ class _Shell(Effects):
             change_at = self.changes[0].at if self.changes and not after_stop else math.inf
             durable_at = self.in_flight.durable if self.in_flight is not None else math.inf
             upload_at = self.upload[2] if self.upload is not None else math.inf
-            first = min(timer, change_at, durable_at, upload_at)
+            verify_at = self.verify[1] if self.verify is not None else math.inf
+            first = min(timer, change_at, durable_at, upload_at, verify_at)
             if first > until:
                 break
             self.now = max(self.now, first)
             if durable_at == first:
                 self.finish_write()
+            elif verify_at == first:
+                self.finish_verify()
             elif upload_at == first:
                 self.finish_upload()
             elif change_at == first:
@@ -322,6 +361,12 @@ class _Shell(Effects):
             else:
                 self.runner.wake()
         self.now = max(self.now, until)
+
+    def finish_verify(self) -> None:
+        assert self.verify is not None
+        action, _ = self.verify
+        self.verify = None
+        self.feed(_valid(action))
 
     def finish_upload(self) -> None:
         assert self.upload is not None
@@ -333,8 +378,9 @@ class _Shell(Effects):
             self.exited = True
 
     def wind_down(self) -> None:
-        """Training is over: the child's tree is gone, the uploads finish or are cut off."""
-        if self.trace.uploads is None:
+        """Training is over: the child's tree is gone, the verifications and uploads finish or are
+        cut off."""
+        if self.trace.uploads is None and self.trace.verify_s is None:
             return
         if self.in_flight is not None:
             self.advance(self.in_flight.durable, after_stop=True)
@@ -345,7 +391,8 @@ class _Shell(Effects):
         while not self.exited and self.now <= self.trace.reclaim_at:
             wait = self.runner.wake_in()
             nxt = min(self.now + wait if wait is not None else math.inf,
-                      self.upload[2] if self.upload is not None else math.inf)
+                      self.upload[2] if self.upload is not None else math.inf,
+                      self.verify[1] if self.verify is not None else math.inf)
             if nxt == math.inf:
                 break
             self.advance(nxt, after_stop=True)
@@ -367,6 +414,8 @@ def replay(trace: Trace, config: PolicyConfig | ControllerConfig) -> Outcome:
     full = config if isinstance(config, ControllerConfig) else ControllerConfig(policy=config)
     if trace.uploads is not None and not full.uploads:  # a run with uploads is a run with --upload
         full = replace(full, policy=replace(full.policy, uploads=True))
+    if (trace.verify_s is not None) != full.verifies:  # checked where the trace says how long it takes
+        full = replace(full, policy=replace(full.policy, verify=trace.verify_s is not None))
     shell = _Shell(trace, full, tally)
     last_boundary = 0.0
     for step, duration in enumerate(trace.steps, start=1):
@@ -387,6 +436,16 @@ def replay(trace: Trace, config: PolicyConfig | ControllerConfig) -> Outcome:
         shell.advance(shell.in_flight.durable)
     shell.wind_down()
     return tally.outcome()
+
+
+def _valid(action: core.VerifyCheckpoint) -> core.CheckpointVerified:
+    return core.CheckpointVerified(action.step, action.path, True, format="simulated",
+                                   checked="nothing: no files")
+
+
+def _not_simulated(action: core.Action) -> None:
+    msg = f"the simulator does not restore: {action!r} (a replay starts with its checkpoint in place)"
+    raise NotImplementedError(msg)
 
 
 def _save(shell: _Shell, tally: Tally, trace: Trace, step: int) -> bool:
