@@ -25,8 +25,9 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from esiwrap import __version__
-from esiwrap.choices import AFTER_SAVE, LOG_FORMATS, LOG_LEVELS, ON_SIGTERM
+from esiwrap.choices import AFTER_SAVE, LOG_FORMATS, LOG_LEVELS, ON_SIGTERM, VERIFY_BUILTIN
 from esiwrap.core.policy import PolicyConfig
+from esiwrap.envvars import MANIFEST_DIR_ENV
 from esiwrap.errors import UsageError
 from esiwrap.optiontypes import (
     SECTIONS,
@@ -100,12 +101,43 @@ def _state_file(text: str) -> str:
 
 def _upload_command(text: str) -> str:
     command = text.strip()
-    unknown = sorted({m for m in re.findall(r"(?<!\$)\{(\w*)\}", command) if m not in ("path", "step")})
+    unknown = sorted({m for m in re.findall(r"(?<!\$)\{(\w*)\}", command)
+                      if m not in ("path", "step", "manifest")})
     if unknown:
         msg = (f"unknown placeholder {{{unknown[0]}}}: the command may use {{path}} (the checkpoint, "
-               "shell-quoted) and {step}; e.g. --upload 'aws s3 cp --recursive {path} s3://bucket/job/{step}/'")
+               "shell-quoted), {step} and {manifest}; e.g. --upload 'aws s3 cp --recursive {path} "
+               "s3://bucket/job/{step}/'")
         raise ValueError(msg)
     return command
+
+
+def _command(flag: str, allowed: tuple[str, ...], example: str,
+             needs: tuple[str, ...] = ()) -> Callable[[str], str]:
+    """A helper command's template: only its own placeholders (`${VAR}` is the shell's), and the
+    ones it cannot do without. (The same rule as --upload's; one validator for all of them once
+    --upload's own grows into one.)"""
+    def parse(text: str) -> str:
+        command = text.strip()
+        if not command:
+            msg = f"an empty command; e.g. {flag} {example}"
+            raise ValueError(msg)
+        unknown = sorted({m for m in re.findall(r"(?<!\$)\{(\w*)\}", command) if m not in allowed})
+        if unknown:
+            names = ", ".join(f"{{{name}}}" for name in allowed)
+            msg = f"unknown placeholder {{{unknown[0]}}}: the command may use {names}; e.g. {flag} {example}"
+            raise ValueError(msg)
+        if needs and not any(need in command for need in needs):
+            msg = f"it must name where to put them, {needs[0]} (or ${needs[1]}); e.g. {flag} {example}"
+            raise ValueError(msg)
+        return command
+
+    return parse
+
+
+VERIFY_EXAMPLE = "'python check_ckpt.py {path} --step {step}'"
+RESTORE_EXAMPLE = "'aws s3 cp --recursive s3://bucket/job/{step}/ckpt/ {path}'"
+MANIFESTS_EXAMPLE = ("'aws s3 cp --recursive s3://bucket/job/ {dir} --exclude \"*\" "
+                     "--include \"*/esiwrap-manifest.*.json\"'")
 
 
 def _signal_parser(allowed: Sequence[str]) -> Callable[[str], int]:
@@ -195,6 +227,45 @@ RUN_OPTIONS = (
            section="uploads", see="uploads-and-resumes.md#a-checkpoint-that-dies-with-the-instance-is-named",
            doc="No `checkpoint_not_durable` warning for a checkpoint on a local disk: for a "
                "persistent volume that moves with the job, or a machine that runs the next run too."),
+    Option("--verify-builtin", choice(VERIFY_BUILTIN), "auto", "none",
+           "esiwrap's own check of each checkpoint", VERIFY_BUILTIN, section="uploads",
+           see="uploads-and-resumes.md#verified-before-it-counts",
+           doc="`auto`: after each save, check the checkpoint from its metadata, by its format (torch, "
+               "safetensors, DCP, verl, Hugging Face Trainer, Lightning; any other: not empty, and its "
+               "size holds still), on a thread of esiwrap's own; it counts (exit 75, its upload) only "
+               "once valid (`checkpoint_verified`, `checkpoint_invalid`). `none`: no built-in check."),
+    Option("--verify", _command("--verify", ("path", "step"), VERIFY_EXAMPLE), None, VERIFY_EXAMPLE,
+           "your own check of each checkpoint", section="uploads", value_name="CMD",
+           see="uploads-and-resumes.md#verified-before-it-counts",
+           doc="After the built-in check, run this shell command with `{path}` (shell-quoted) and `{step}`; "
+               "exit status 0 means the checkpoint is valid. It runs as esiwrap's child, beside "
+               "training; its time is measured and planned for."),
+    Option("--verify-duration", seconds, 2.0, "30", "verify time guessed until one is measured",
+           section="uploads", see="uploads-and-resumes.md#verified-before-it-counts",
+           doc="Until a verification is measured (in this run, or by an earlier one in `--state-file`), "
+               "plans count on this (times `--unmeasured-factor` with `--verify`). The built-in check "
+               "reads metadata only: milliseconds, a second for a format it does not know."),
+    Option("--restore", _command("--restore", ("path", "step"), RESTORE_EXAMPLE), None, RESTORE_EXAMPLE,
+           "copy the checkpoint back if it is missing", section="uploads", value_name="CMD",
+           see="uploads-and-resumes.md#the-way-back-restore",
+           doc="When the job's last durable checkpoint (from `--state-file`, or found by "
+               "`--restore-manifests`) is not on this instance, run this shell command with `{path}` "
+               "(where it was, shell-quoted) and `{step}` before the command starts; what comes back "
+               "is verified (`restored`). A failed restore is tried 3 times, within the deadline's "
+               "plan; then esiwrap exits 66 and the command never starts from scratch silently."),
+    Option("--restore-manifests", _command("--restore-manifests", ("dir",), MANIFESTS_EXAMPLE,
+                                           needs=("{dir}", MANIFEST_DIR_ENV)),
+           None, MANIFESTS_EXAMPLE, "copy the job's manifests into {dir}",
+           section="uploads", value_name="CMD", see="uploads-and-resumes.md#only-a-bucket-survives-manifests",
+           doc="With `--restore` and no checkpoint known (no state file on this instance): run this shell "
+               "command to copy the job's manifests (written beside each checkpoint, uploaded by "
+               "`--upload` with `{manifest}`) into the empty directory `{dir}`; the newest complete "
+               "one names the checkpoint to restore and brings the job's state back."),
+    Option("--restore-optional", boolean, False, "true", "a failed restore lets the command start",
+           section="uploads", see="uploads-and-resumes.md#the-way-back-restore",
+           doc="When `--restore` cannot bring the checkpoint back, start the command anyway (it "
+               "starts from whatever it finds: from scratch, as `resume_missed` will say) instead of "
+               "exiting 66."),
     Option("--step-window", positive_int, 100, "100", "step intervals remembered", section="policy",
            see="policy.md", value_name="N",
            doc="How many recent boundary-to-boundary step intervals the step estimate is taken from."),
@@ -289,7 +360,8 @@ OBSERVE_OPTIONS = (
 
 ALL_RUN_OPTIONS = SOURCE_OPTIONS + RUN_OPTIONS + LOG_OPTIONS + OBSERVE_OPTIONS
 BOOLEAN_FLAGS = {opt.flag for opt in ALL_RUN_OPTIONS if opt.parse is boolean}  # also as --no-X
-QUIET_NEGATIVES = {"--signal-child", "--local-checkpoints-survive"}  # off by default: --no-X not in --help
+# off by default: --no-X not in --help
+QUIET_NEGATIVES = {"--signal-child", "--local-checkpoints-survive", "--restore-optional"}
 # Every long option of a run, and whether it takes a value (the command splitter must know).
 RUN_FLAGS: dict[str, bool] = {
     **{opt.flag: opt.flag not in BOOLEAN_FLAGS for opt in ALL_RUN_OPTIONS},
@@ -311,6 +383,9 @@ def policy_config(values: Mapping[str, Any]) -> PolicyConfig:
         final_margin_s=values["final_margin"],
         uploads=values["upload"] is not None,
         upload_duration_s=values["upload_duration"],
+        verify=values["verify_builtin"] != "none" or values["verify"] is not None,
+        verify_duration_s=values["verify_duration"],
+        verify_command=values["verify"] is not None,
     )
 
 
@@ -334,7 +409,19 @@ def controller_config(values: Mapping[str, Any]) -> ControllerConfig:
         local_checkpoints_survive=values["local_checkpoints_survive"],
         state_file=values["state_file"],
         max_no_progress_runs=values["max_no_progress_runs"],
+        restore=values["restore"] is not None,
+        restore_manifests=values["restore_manifests"] is not None,
+        restore_optional=values["restore_optional"],
+        manifests=values["upload"] is not None,
     )
+
+
+def check_combinations(values: Mapping[str, Any]) -> None:
+    """Options that mean nothing without another: one line naming both (UsageError)."""
+    if values["restore_manifests"] is not None and values["restore"] is None:
+        msg = ("--restore-manifests finds the checkpoint for --restore: give --restore CMD too; e.g. "
+               f"--restore {RESTORE_EXAMPLE}")
+        raise UsageError(msg)
 
 
 def config_with(settings: Mapping[str, Any], options: str) -> ControllerConfig:
@@ -482,20 +569,19 @@ def build_run_parser(*, full: bool = False) -> argparse.ArgumentParser:
         formatter_class=_DescribedFormatter if full else _Formatter,
         usage="esiwrap [OPTIONS] -- COMMAND [ARGS...]\n"
         "       esiwrap {deadline,report,status,systemd-unit} ...",
-        description="Run COMMAND and checkpoint it at the last safe moment before the capacity it "
-        "runs on is reclaimed. Exit codes: the child's own; 75 stopped after a completed "
-        "checkpoint (with --upload: and its upload); 74 with --upload, the last checkpoint is complete "
-        "on local storage only (its upload did not finish); 76 no acknowledged checkpoint before the "
-        "deadline; 78 not started, the job's last runs made no progress (--max-no-progress-runs); "
-        "2 usage; 126/127 command not executable/not found; 1 esiwrap failed.",
+        description="Run COMMAND; checkpoint it at the last safe moment before its capacity is "
+        "reclaimed. Exit codes: the child's own; 75 stopped after a verified checkpoint (--upload: "
+        "uploaded); 74 not uploaded; 76 no valid checkpoint before the deadline; 78 not started, no "
+        "progress lately; 66 not started, --restore failed; 2 usage; 126/127 command not "
+        "executable/found; 1 esiwrap failed.",
         epilog="Every option is also a variable, ESIWRAP_<NAME> (--stop-grace 60 is "
         "ESIWRAP_STOP_GRACE=60); the flag wins. "
-        + ("" if full else f"{HELP_ALL} lists every option with its description, variable and default. ")
+        + ("" if full else f"{HELP_ALL}: each described, with its variable and default. ")
         + f"All of it, with examples: {DOCS_URL_HINT}.",
     )
     parser.add_argument("--version", action="version", version=f"esiwrap {__version__}")
     parser.add_argument(HELP_ALL, action=_HelpAll,
-                        help="every option, described, with its variable and default")
+                        help="each option with its variable and default")
     for section in SECTIONS:
         group = parser.add_argument_group(section.title, section.summary if full else None)
         add_options(group, [opt for opt in ALL_RUN_OPTIONS if opt.section == section.key], full=full)
