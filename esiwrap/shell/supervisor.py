@@ -174,10 +174,10 @@ class Supervisor(Effects):
                 level, event, fields = self._state_note
                 getattr(self.logger, level)(event, **fields)
             self._channel = ChannelServer()
-            if self.config.controller.restore:  # the restore is planned against the deadline: ask first
-                self._open()
             self._feed(core.Launch())  # the no-progress guard may end the run here (exit 78)
-            if not self._held and self._child_pid is None:
+            if self._held:  # the checkpoint comes back first, planned against the deadline: the loop now
+                self._open()
+            elif self._child_pid is None:
                 self._start_child()
             self._start_watcher()
             self._loop()
