@@ -244,9 +244,9 @@ RESTORE_SKIPPED = _event(
 MANIFEST_FOUND = _event(
     "manifest_found", RESTORES, "`--restore-manifests`: the newest complete manifest names the checkpoint to "
     "restore",
-    "step, path, written (when), run_id (the run that wrote it), manifests (how many were read), rejected "
-    "(each file not used, and why: incomplete, corrupt, another format), state (whether it brought the job's "
-    "state)")
+    "step, path, written (when), written_by (the run_id of the run that wrote it), manifests (how many "
+    "were read), rejected (each file not used, and why: incomplete, corrupt, another format), state "
+    "(whether it brought the job's state)")
 RESTORE_STARTED = _event(
     "restore_started", RESTORES, "`--restore`: the command runs to bring the checkpoint back",
     "step, path, pid, attempt, expected_s (the longest restore measured, if any), cutoff_in_s (how long it "

@@ -129,7 +129,7 @@ class Restoring:
             self.stage = "done"
             return "done", None
         self._out.log("info", ev.MANIFEST_FOUND, step=found.step, path=found.path,
-                      written=iso_utc(found.written_at), run_id=found.run_id or None,
+                      written=iso_utc(found.written_at), written_by=found.run_id or None,
                       manifests=len(fetched.manifests), rejected=rejected, state=found.state is not None)
         self.attempt = 0  # the restore's own attempts begin
         return "found", found
