@@ -406,7 +406,8 @@ class _Shell(Effects):
         assert write is not None
         self.in_flight = None
         if self.tally.durable(write):
-            self.feed(core.SaveEnd(TRAINER_PID, write.step, duration_s=write.durable - write.begins))
+            self.feed(core.SaveEnd(TRAINER_PID, write.step, duration_s=write.durable - write.begins,
+                                   path=_path(self.trace, write.step)))
 
 
 def replay(trace: Trace, config: PolicyConfig | ControllerConfig) -> Outcome:
@@ -438,6 +439,11 @@ def replay(trace: Trace, config: PolicyConfig | ControllerConfig) -> Outcome:
     return tally.outcome()
 
 
+def _path(trace: Trace, step: int) -> str:
+    """Where a simulated checkpoint is: nowhere, unless the trace verifies it (it must be named)."""
+    return f"sim/step_{step}" if trace.verify_s is not None else ""
+
+
 def _valid(action: core.VerifyCheckpoint) -> core.CheckpointVerified:
     return core.CheckpointVerified(action.step, action.path, True, format="simulated",
                                    checked="nothing: no files")
@@ -467,5 +473,6 @@ def _save(shell: _Shell, tally: Tally, trace: Trace, step: int) -> bool:
         return False  # stopped while saving: the save never completed
     if not tally.durable(write):
         return False
-    shell.feed(core.SaveEnd(TRAINER_PID, step, duration_s=write.durable - write.begins))
+    shell.feed(core.SaveEnd(TRAINER_PID, step, duration_s=write.durable - write.begins,
+                            path=_path(trace, step)))
     return True
