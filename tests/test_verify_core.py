@@ -329,3 +329,15 @@ def test_the_plan_counts_the_verification_in_the_durable_end() -> None:
     obs.verify_ended(0.2)
     assert verify_estimate_s(obs, POLICY) == pytest.approx(0.2 * VERIFY_SAFETY_FACTOR)
     assert verify_estimate_s(obs, replace(POLICY, verify=False)) == 0.0
+
+
+def test_the_valid_checkpoints_failed_upload_is_retried_though_a_newer_one_was_invalid() -> None:
+    """A newer checkpoint that failed its checks does not replace the valid one: its failed upload
+    is tried again."""
+    d, first = early(UPLOADING)
+    d.feed(core.UploadStarted(UPLOADER))
+    second = by_hand(d, first + 2)
+    answer(d, ok=False)
+    d.feed(core.UploadExited(UPLOADER, 1))
+    (planned,) = logs(d.actions, "upload_retry_planned")
+    assert planned["step"] == first and second > first

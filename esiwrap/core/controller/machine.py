@@ -529,7 +529,9 @@ class Controller:
 
     def _on_upload_exited(self, exited: UploadExited, now: Now) -> None:
         deadline = self.book.deadline
-        ended = self.uploads.exited(exited, now, deadline, self.saves.last_checkpoint)
+        # a failed upload is retried while no newer checkpoint that counts replaces it
+        newest = self.verifying.valid if self.config.verifies else self.saves.last_checkpoint
+        ended = self.uploads.exited(exited, now, deadline, newest)
         if ended is None:
             return
         if ended.completed:
