@@ -183,8 +183,8 @@ CHECKPOINT_NOT_VERIFIED = _event(
     "checked (warning); it counts as the trainer said",
     "step, fix (report the path: `saving(step, path)`)")
 PREVIOUS_CHECKPOINT_DELETED = _event(
-    "previous_checkpoint_deleted", VERIFY, "once: the last valid checkpoint was gone before the next one was "
-    "verified (warning)",
+    "previous_checkpoint_deleted", VERIFY, "once: the last valid checkpoint was deleted (all of it, or "
+    "files of it: verl's rotation) before the next one was verified (warning)",
     "path (the one deleted), step, new_step, new_path, fix (keep it until the new one counts: verl's "
     "`trainer.max_actor_ckpt_to_keep` of 2 or more; write to a new path, then switch)")
 

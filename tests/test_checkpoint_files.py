@@ -130,3 +130,17 @@ def test_a_restore_command_with_a_typo_stops_before_the_command_starts() -> None
                            "true"], capture_output=True, text=True, timeout=60)
     assert done.returncode == EXIT_USAGE and done.stdout == ""
     assert done.stderr.count("\n") == 1 and "{stpe}" in done.stderr and "--restore" in done.stderr
+
+
+def test_a_checkpoint_that_lost_files_since_it_was_verified_counts_as_deleted(tmp_path: Path) -> None:
+    """verl's rotation deletes an old step's actor/ and leaves the step's directory: fewer files
+    than when it was verified."""
+    step = tmp_path / "global_step_3"
+    (step / "actor").mkdir(parents=True)
+    for name in ("model.pt", "optim.pt", "fsdp_config.json"):
+        (step / "actor" / name).write_bytes(b"x")
+    (step / "data.pt").write_bytes(b"x")
+    assert not checkpoints.previous_gone(str(step), 4)
+    for name in ("model.pt", "optim.pt", "fsdp_config.json"):
+        (step / "actor" / name).unlink()
+    assert checkpoints.previous_gone(str(step), 4) and not checkpoints.previous_gone(str(step), None)

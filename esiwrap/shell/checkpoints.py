@@ -53,9 +53,15 @@ def files_and_bytes(path: str) -> tuple[int, int]:
     return count, total
 
 
-def previous_gone(previous: str) -> bool:
-    """The newest valid checkpoint (at `previous`) is no longer there."""
-    return bool(previous) and not os.path.lexists(previous)
+def previous_gone(previous: str, files_then: int | None = None) -> bool:
+    """The newest valid checkpoint (at `previous`) is no longer there, or files were deleted from it
+    since it was verified with `files_then` (verl's rotation deletes an old step's `actor/` and
+    leaves its directory)."""
+    if not previous:
+        return False
+    if not os.path.lexists(previous):
+        return True
+    return files_then is not None and files_and_bytes(previous)[0] < files_then
 
 
 def present(path: str) -> bool:

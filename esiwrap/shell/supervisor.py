@@ -138,6 +138,7 @@ class Supervisor(Effects):
         self._upload: upload.UploadProcess | None = None
         self._helpers: dict[int, _Helper] = {}  # verify, restore, manifests: pid -> helper
         self._verify_job: _VerifyJob | None = None
+        self._verified_files: dict[str, int] = {}  # a checkpoint that passed: how many files it had
         self._restore_pid: int | None = None  # the restore's (or manifests') helper
         self._manifests: dict[int, str] = {}  # step -> its manifest file, once written
         self._manifest_writes: set[int] = set()  # steps whose manifest is being written
@@ -488,9 +489,11 @@ class Supervisor(Effects):
         job = self._verify_job = _VerifyJob(action)
         builtin = self.config.verify_builtin
 
+        files_then = self._verified_files.get(action.previous)
+
         def work() -> Callable[[], None]:
             verdict = checkpoints.check(action.path, action.step, builtin)
-            gone = checkpoints.previous_gone(action.previous)
+            gone = checkpoints.previous_gone(action.previous, files_then)
             return lambda: self._checked(job, verdict, gone)
 
         self._off_loop(work, "esiwrap-verify")
@@ -505,6 +508,8 @@ class Supervisor(Effects):
             action.step, action.path, verdict.ok, verdict.format, verdict.checked, verdict.problem,
             verdict.fix, verdict.bytes, verdict.files, verdict.read_bytes, by or "--verify", previous_gone)
         template = self.config.verify
+        if verdict.ok:
+            self._verified_files = {action.path: verdict.files}  # what the next one's previous holds
         if not verdict.ok or template is None:
             self._verify_job = None
             self._feed(answer._replace(by=by or "nothing"))

@@ -29,7 +29,8 @@ parser.add_argument("--saves", default="good", help="good/bad, one per save, the
 parser.add_argument("--step-seconds", type=float, default=0.2)
 parser.add_argument("--own-save-at", type=int, default=0, help="also save on its own at this step")
 parser.add_argument("--delete-previous", action="store_true",
-                    help="delete the previous checkpoint before writing the next (verl's max_ckpt_to_keep=1)")
+                    help="delete the previous checkpoint before writing the next (verl's max_ckpt_to_keep=1: "
+                    "its actor/, leaving the step's directory and data.pt)")
 args = parser.parse_args()
 kinds = args.saves.split(",")
 args.ckpt.mkdir(parents=True, exist_ok=True)
@@ -73,7 +74,12 @@ for step in range(1, 1_000_000):
     saved += 1
     with esi.saving(step, path_of(step)):
         if args.delete_previous and previous is not None:
-            shutil.rmtree(previous) if previous.is_dir() else previous.unlink()
+            if args.format == "verl":
+                shutil.rmtree(previous / "actor")  # verl's rotation: the shards go, the directory stays
+            elif previous.is_dir():
+                shutil.rmtree(previous)
+            else:
+                previous.unlink()
         previous = write(step, good)
     print(f"checkpoint_writer: saved step {step} ({'good' if good else 'bad'})", flush=True)
 sys.exit(0)
