@@ -25,7 +25,6 @@ one, durable by its upload). Everything here is pure: the shell reads and writes
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import posixpath
@@ -60,6 +59,8 @@ class ManifestRejected(Exception):
 
 def checksum(obj: dict[str, Any]) -> str:
     """The manifest's checksum: SHA-256 of its members but `checksum`, sorted, without spaces."""
+    import hashlib  # only where a manifest is written or read: not at esiwrap's start
+
     body = {key: value for key, value in obj.items() if key != "checksum"}
     text = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()

@@ -12,13 +12,15 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
-import tempfile
 import time
+from typing import TYPE_CHECKING
 
 from esiwrap.core import manifest as manifests
 from esiwrap.core.controller import WriteManifest
 from esiwrap.shell import files
-from esiwrap.shell.verify import Verdict, verify
+
+if TYPE_CHECKING:
+    from esiwrap.shell.verify import Verdict
 
 SETTLE_S = 0.5  # a file of a format esiwrap does not know: its size must hold still this long
 MANIFEST_MAX_FILES = 10_000  # a directory of manifests: this many files looked at, at most
@@ -27,6 +29,8 @@ MANIFEST_MAX_FILES = 10_000  # a directory of manifests: this many files looked 
 def check(path: str, step: int, builtin: bool) -> Verdict:
     """The built-in check of the checkpoint at `path` (`esiwrap.shell.verify`), or, with it off
     (`--verify-builtin none`) or no path, only what is there (its size, for the log)."""
+    from esiwrap.shell.verify import Verdict, verify  # at the first save: not at esiwrap's start
+
     if builtin and path:
         return verify(path, step, settle_s=SETTLE_S)
     started = time.monotonic()
@@ -95,6 +99,8 @@ def write_manifest(action: WriteManifest) -> tuple[str, str]:
 
 
 def _local_dir() -> str:
+    import tempfile
+
     path = os.path.join(tempfile.gettempdir(), f"esiwrap-manifests-{os.getuid()}")
     os.makedirs(path, mode=0o700, exist_ok=True)
     return path
@@ -132,6 +138,8 @@ def read_manifests(directory: str, now: float) -> tuple[list[manifests.Manifest]
 
 def empty_dir() -> str:
     """A new, empty, private directory for `--restore-manifests` to copy into."""
+    import tempfile
+
     return tempfile.mkdtemp(prefix="esiwrap-manifests-")
 
 

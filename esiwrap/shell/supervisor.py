@@ -33,7 +33,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from esiwrap import events as ev
 from esiwrap.core import controller as core
@@ -58,7 +58,6 @@ from esiwrap.shell.log import get_logger
 from esiwrap.shell.observe import Observer, ObserveSettings
 from esiwrap.shell.storage_probe import StorageProber
 from esiwrap.shell.tree import ProcessTree
-from esiwrap.shell.verify import Verdict
 from esiwrap.shell.writer import FileWriter
 from esiwrap.signals import signal_label, signal_number
 from esiwrap.sources import remote
@@ -72,6 +71,9 @@ MAX_WAIT_S = 60.0  # re-read the wall clock at least this often: it can jump
 POLL_WITHOUT_PIDFD_S = 0.2  # only while stopping, on kernels without pidfd_open
 FILES_AT_EXIT_S = 10.0  # leaving waits this long at most for the last state and status writes
 HAS_PIDFD = hasattr(os, "pidfd_open")
+if TYPE_CHECKING:
+    from esiwrap.shell.verify import Verdict
+
 LogNote = tuple[str, str, dict[str, Any]]  # level, event, fields
 MAX_NODES = 1 << 20  # a hello's node count beyond this is not one
 MAX_REPORT_DELAY_S = 3600.0  # a report "later" than this was stamped by another machine's clock
