@@ -341,3 +341,22 @@ def test_the_valid_checkpoints_failed_upload_is_retried_though_a_newer_one_was_i
     d.feed(core.UploadExited(UPLOADER, 1))
     (planned,) = logs(d.actions, "upload_retry_planned")
     assert planned["step"] == first and second > first
+
+
+def test_a_sigterm_save_whose_verification_outlasts_the_grace_stops_and_waits_for_it() -> None:
+    """Acknowledged, not yet verified when --stop-grace is over: the stop begins (no save_missed),
+    and the exit waits for the verification."""
+    d = Driver(VERIFYING)
+    d.deadline(3600)
+    d.hello()
+    d.steps(1, 3, 1.0)
+    d.feed(core.SignalReceived("SIGTERM"))
+    d.steps(4, 1, 1.0)
+    d.save(4, 0.5)
+    d.advance(VERIFYING.stop_grace_s)
+    assert any(isinstance(a, core.StopChild) for a in d.actions) and not logs(d.actions, "save_missed")
+    d.feed(core.ChildExited(CHILD, None, "SIGTERM", 15))
+    d.feed(core.TreeChecked(0))
+    assert d.controller.mode is Mode.VERIFYING
+    answer(d)
+    assert exits(d.actions)[0].code == EXIT_CHECKPOINTED

@@ -946,6 +946,13 @@ class Controller:
         if self._save_being_written_may_finish(now):
             return
         self.stopping.drained()
+        request = self.saves.last_request
+        verifying = self.verifying.pending(self.saves.last_checkpoint)
+        if self.saves.request is None and request is not None and verifying:
+            # acknowledged, still being verified: stop now; the exit waits for it (verifying)
+            self._begin_stop(f"checkpoint complete after {request.reason}", EXIT_CHECKPOINTED,
+                             "sigterm" if request.reason == "sigterm" else "deadline", now)
+            return
         saved = self._progress_is_saved()
         deadline = self.book.deadline
         if not saved and deadline is not None and now.wall >= deadline.at:
