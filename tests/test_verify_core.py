@@ -360,3 +360,12 @@ def test_a_sigterm_save_whose_verification_outlasts_the_grace_stops_and_waits_fo
     assert d.controller.mode is Mode.VERIFYING
     answer(d)
     assert exits(d.actions)[0].code == EXIT_CHECKPOINTED
+
+
+def test_a_child_that_exits_75_itself_keeps_its_code() -> None:
+    """The child's own exit code is esiwrap's, verification or not: only esiwrap's own stop after a
+    checkpoint is decided by what is valid."""
+    d = Driver(VERIFYING)
+    d.feed(core.ChildExited(CHILD, 75))
+    d.feed(core.TreeChecked(0))
+    assert exits(d.actions)[0].code == EXIT_CHECKPOINTED

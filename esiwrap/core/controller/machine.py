@@ -1043,7 +1043,8 @@ class Controller:
             return
         code = self.stopping.exit_code(self.roster.child_status)
         last = self.saves.last_checkpoint
-        if code == EXIT_CHECKPOINTED and self.config.verifies:
+        ours = self.stopping.stop is not None and self.stopping.stop.exit_status == EXIT_CHECKPOINTED
+        if ours and self.config.verifies:  # esiwrap's own 75 (not a child's that exited 75 itself)
             code, reason, last = self._verified_exit(reason)
         if code == EXIT_CHECKPOINTED and self.config.uploads and not self.uploads.last_uploaded(last):
             code, reason = EXIT_NOT_UPLOADED, f"{reason}; {self.uploads.not_uploaded_reason(last)}"
