@@ -146,7 +146,7 @@ class Supervisor(Effects):
         self._manifest_writes: set[int] = set()  # steps whose manifest is being written
         self._waiting_uploads: dict[int, core.StartUpload] = {}  # ...and their uploads, waiting for it
         self._held = False  # the controller looks for the checkpoint or restores it: no command yet
-        self._opened = self._static_asked = self._watching = self._ready = False
+        self._opened = self._watching = False
         self._background: queue.SimpleQueue[core.Input] = queue.SimpleQueue()  # from helper threads
         self._calls: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()  # from helper threads
         self._environ = dict(os.environ if environ is None else environ)
