@@ -137,8 +137,9 @@ def test_the_restore_is_planned_against_the_deadline() -> None:
     d.feed(core.RestoreStarted(RESTORER))
     (started,) = logs(d.actions, "restore_started")
     cutoff = started["cutoff_in_s"]
-    # the insurance save: a step (10 s), the save (30 s x 1.25), its verification (2 s) and 60 s
-    assert cutoff == pytest.approx(400.0 - 10.0 - 37.5 - 2.0 - 60.0, abs=0.01)
+    # the insurance save: a step (10 s), the save (30 s x 1.25), and --redundant-time (60 s); the
+    # built-in check counts from its first measurement
+    assert cutoff == pytest.approx(400.0 - 10.0 - 37.5 - 60.0, abs=0.01)
     d.advance(cutoff + 1.0)
     assert of(d, core.StopRestore) == [core.StopRestore("SIGKILL")]
     assert logs(d.actions, "restore_failed")[-1]["problem"].startswith("cut off")

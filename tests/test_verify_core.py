@@ -22,7 +22,7 @@ from esiwrap.core.policy import (
 from esiwrap.errors import EXIT_CHECKPOINTED, EXIT_NOT_UPLOADED, EXIT_SAVE_MISSED
 
 POLICY = PolicyConfig(redundant_s=4.0, save_duration_s=1.0, final_margin_s=2.0, unmeasured_factor=1.0,
-                      interruption_rate_per_day=0.0, verify=True, verify_duration_s=1.0)
+                      interruption_rate_per_day=0.0, verify=True)
 VERIFYING = ControllerConfig(policy=POLICY, stop_grace_s=3.0)
 NO_FINAL = replace(VERIFYING, policy=replace(POLICY, final_save=False))
 UPLOADING = replace(VERIFYING, policy=replace(POLICY, uploads=True, upload_duration_s=2.0))
@@ -316,18 +316,21 @@ def test_without_verification_nothing_changes() -> None:
 
 
 def test_the_plan_counts_the_verification_in_the_durable_end() -> None:
-    """signal_at moves earlier by the verification's estimate: the guess until measured (x
-    --unmeasured-factor with a --verify command), then the longest measured x the safety factor."""
+    """signal_at moves earlier by the verification's estimate: the longest measured x the safety
+    factor; before one is measured nothing for the built-in check (milliseconds), and
+    --verify-duration x --unmeasured-factor for a --verify command."""
     obs = Observations(100)
     obs.record_step(1, 1.0, 0.0)
     plain = plan_save(1000.0, obs, replace(POLICY, verify=False), "insurance")
-    guessed = plan_save(1000.0, obs, POLICY, "insurance")
-    assert plain.nominal_at - guessed.nominal_at == pytest.approx(POLICY.verify_duration_s)
-    assert guessed.verify_estimate_s == POLICY.verify_duration_s and "verification" in guessed.why
-    command = replace(POLICY, verify_command=True, unmeasured_factor=6.0)
-    assert verify_estimate_s(obs, command) == pytest.approx(6.0 * POLICY.verify_duration_s)
+    assert plan_save(1000.0, obs, POLICY, "insurance").nominal_at == plain.nominal_at
+    command = replace(POLICY, verify_command=True, unmeasured_factor=6.0, verify_duration_s=5.0)
+    guessed = plan_save(1000.0, obs, command, "insurance")
+    without = plan_save(1000.0, obs, replace(command, verify=False), "insurance")
+    assert without.nominal_at - guessed.nominal_at == pytest.approx(30.0)
+    assert guessed.verify_estimate_s == 30.0 and "its verification 30s" in guessed.why
     obs.verify_ended(0.2)
     assert verify_estimate_s(obs, POLICY) == pytest.approx(0.2 * VERIFY_SAFETY_FACTOR)
+    assert verify_estimate_s(obs, command) == pytest.approx(0.2 * VERIFY_SAFETY_FACTOR)
     assert verify_estimate_s(obs, replace(POLICY, verify=False)) == 0.0
 
 
@@ -367,5 +370,23 @@ def test_a_child_that_exits_75_itself_keeps_its_code() -> None:
     checkpoint is decided by what is valid."""
     d = Driver(VERIFYING)
     d.feed(core.ChildExited(CHILD, 75))
+    d.feed(core.TreeChecked(0))
+    assert exits(d.actions)[0].code == EXIT_CHECKPOINTED
+
+
+def test_a_sigterm_save_stops_once_verified_though_training_went_on_meanwhile() -> None:
+    """The trainer keeps stepping while its save is verified: the save asked for after the
+    SIGTERM still counts, and the stop follows its verification."""
+    d = Driver(VERIFYING)
+    d.deadline(3600)
+    d.hello()
+    d.steps(1, 3, 1.0)
+    d.feed(core.SignalReceived("SIGTERM"))
+    d.steps(4, 1, 1.0)
+    d.save(4, 0.5)
+    d.steps(5, 2, 0.25)
+    answer(d)
+    assert any(isinstance(a, core.StopChild) for a in d.actions)
+    d.feed(core.ChildExited(CHILD, None, "SIGTERM", 15))
     d.feed(core.TreeChecked(0))
     assert exits(d.actions)[0].code == EXIT_CHECKPOINTED

@@ -240,11 +240,12 @@ RUN_OPTIONS = (
            doc="After the built-in check, run this shell command with `{path}` (shell-quoted) and `{step}`; "
                "exit status 0 means the checkpoint is valid. It runs as esiwrap's child, beside "
                "training; its time is measured and planned for."),
-    Option("--verify-duration", seconds, 2.0, "30", "verify time guessed until one is measured",
+    Option("--verify-duration", seconds, 10.0, "120", "--verify's time guessed until measured",
            section="uploads", see="uploads-and-resumes.md#verified-before-it-counts",
            doc="Until a verification is measured (in this run, or by an earlier one in `--state-file`), "
-               "plans count on this (times `--unmeasured-factor` with `--verify`). The built-in check "
-               "reads metadata only: milliseconds, a second for a format it does not know."),
+               "plans count on this times `--unmeasured-factor` for a `--verify` command. The built-in "
+               "check alone is counted from its first measurement: it reads metadata only, "
+               "milliseconds (half a second for a format it does not know)."),
     Option("--restore", _command("--restore", ("path", "step"), RESTORE_EXAMPLE), None, RESTORE_EXAMPLE,
            "copy the checkpoint back if it is missing", section="uploads", value_name="CMD",
            see="uploads-and-resumes.md#the-way-back-restore",

@@ -42,7 +42,8 @@ started after the one running, still ends before the deadline.
 A checkpoint counts once it is verified (the built-in check of its metadata, and `--verify`'s
 command): the verification comes between the save and its upload, so the durable end is
 save + verify + upload (`verify_estimate_s`: the longest measured verification x
-VERIFY_SAFETY_FACTOR, else `--verify-duration`, times `--unmeasured-factor` for a `--verify`
+VERIFY_SAFETY_FACTOR; before one is measured, nothing for the built-in check, which reads
+metadata in milliseconds, and `--verify-duration` x `--unmeasured-factor` for a `--verify`
 command, whose time esiwrap cannot know).
 
 The supervisor's controller and `benchmarks/simulate.py` both drive this module; nothing here
@@ -140,7 +141,7 @@ class PolicyConfig:
     uploads: bool = False  # `--upload`: a checkpoint is durable once its upload completed
     upload_duration_s: float = 60.0  # what an upload is expected to take until one is measured
     verify: bool = False  # a checkpoint counts once verified (built-in check, `--verify`)
-    verify_duration_s: float = 2.0  # what a verification is expected to take until one is measured
+    verify_duration_s: float = 10.0  # what a --verify command is expected to take until one is measured
     verify_command: bool = False  # `--verify CMD`: its time is a guess (x unmeasured_factor)
 
 
@@ -509,15 +510,18 @@ def upload_estimate_s(obs: Observations, config: PolicyConfig) -> float:
 
 def verify_estimate_s(obs: Observations, config: PolicyConfig) -> float:
     """What a checkpoint's verification adds to its durable end (0 when nothing verifies): the
-    longest measured x VERIFY_SAFETY_FACTOR, else `--verify-duration` (x `--unmeasured-factor`
-    with a `--verify` command: the built-in check reads metadata only, a command may load it all)."""
+    longest measured x VERIFY_SAFETY_FACTOR; before one is measured, `--verify-duration` x
+    `--unmeasured-factor` for a `--verify` command (it may load the whole checkpoint), and nothing
+    for the built-in check alone: it reads metadata only, milliseconds on checkpoints of several
+    GB (BENCHMARKS.md), well inside the save's own margin until the first one is measured."""
     if not config.verify:
         return 0.0
     measured = obs.longest_verify_s
     if measured is not None:
         return measured * VERIFY_SAFETY_FACTOR
-    factor = max(1.0, config.unmeasured_factor) if config.verify_command else 1.0
-    return config.verify_duration_s * factor
+    if not config.verify_command:
+        return 0.0
+    return config.verify_duration_s * max(1.0, config.unmeasured_factor)
 
 
 def verify_timeout_s(obs: Observations, config: PolicyConfig) -> float:

@@ -613,7 +613,9 @@ class Controller:
             return
         if self.mode is Mode.VERIFYING:
             self._exit(self.verifying.exit_reason, now)
-        elif self.mode is Mode.DRAINING and self.saves.request is None and self._progress_is_saved():
+        elif self.mode is Mode.DRAINING and self.saves.request is None \
+                and self.verifying.valid == self.saves.last_checkpoint is not None:
+            # the save acknowledged while draining counts (training may have gone on meanwhile)
             request = self.saves.last_request
             reason = request.reason if request is not None else "sigterm"
             self.stopping.drained()
