@@ -144,3 +144,13 @@ def test_a_checkpoint_that_lost_files_since_it_was_verified_counts_as_deleted(tm
     for name in ("model.pt", "optim.pt", "fsdp_config.json"):
         (step / "actor" / name).unlink()
     assert checkpoints.previous_gone(str(step), 4) and not checkpoints.previous_gone(str(step), None)
+
+
+def test_manifests_beside_checkpoints_that_are_gone_are_removed(tmp_path: Path) -> None:
+    kept, rotated = tmp_path / "global_step_2", tmp_path / "global_step_1"
+    kept.mkdir()
+    written = {str(path): str(tmp_path / manifests.file_name(str(path))) for path in (kept, rotated)}
+    for manifest in written.values():
+        Path(manifest).write_text("{}")
+    assert checkpoints.remove_stale_manifests(written) == [str(rotated)]
+    assert Path(written[str(kept)]).exists() and not Path(written[str(rotated)]).exists()

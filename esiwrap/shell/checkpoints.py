@@ -98,6 +98,17 @@ def write_manifest(action: WriteManifest) -> tuple[str, str]:
     return local, error
 
 
+def remove_stale_manifests(written: dict[str, str]) -> list[str]:
+    """Delete the manifests written beside checkpoints that are gone (a trainer's rotation removed
+    them): their uploads are done or skipped, and a manifest left beside nothing only misleads.
+    `written`: checkpoint path -> its manifest; returns the checkpoint paths whose manifest went."""
+    gone = [path for path in written if path and not os.path.lexists(path)]
+    for path in gone:
+        with contextlib.suppress(OSError):
+            os.unlink(written[path])
+    return gone
+
+
 def _local_dir() -> str:
     import tempfile
 

@@ -143,6 +143,7 @@ class Supervisor(Effects):
         self._verified_files: dict[str, int] = {}  # a checkpoint that passed: how many files it had
         self._restore_pid: int | None = None  # the restore's (or manifests') helper
         self._manifests: dict[int, str] = {}  # step -> its manifest file, once written
+        self._manifest_files: dict[str, str] = {}  # checkpoint path -> its manifest, written by this run
         self._manifest_writes: set[int] = set()  # steps whose manifest is being written
         self._waiting_uploads: dict[int, core.StartUpload] = {}  # ...and their uploads, waiting for it
         self._held = False  # the controller looks for the checkpoint or restores it: no command yet
@@ -551,19 +552,25 @@ class Supervisor(Effects):
     def write_manifest(self, action: core.WriteManifest) -> None:
         """Beside the checkpoint, on a thread; its upload waits for it."""
         self._manifest_writes.add(action.step)
+        earlier = dict(self._manifest_files)
 
         def work() -> Callable[[], None]:
             try:
                 written, error = checkpoints.write_manifest(action)
             except OSError as exc:
                 written, error = "", f"{exc.strerror or exc}"
-            return lambda: self._manifest_written(action, written, error)
+            gone = checkpoints.remove_stale_manifests(earlier)
+            return lambda: self._manifest_written(action, written, error, gone)
 
         self._off_loop(work, "esiwrap-manifest")
 
-    def _manifest_written(self, action: core.WriteManifest, written: str, error: str) -> None:
+    def _manifest_written(self, action: core.WriteManifest, written: str, error: str,
+                          gone: list[str]) -> None:
         self._manifest_writes.discard(action.step)
+        for path in gone:
+            self._manifest_files.pop(path, None)
         if written:
+            self._manifest_files[action.path] = written
             self._manifests = {step: f for step, f in self._manifests.items() if step >= action.step - 100}
             self._manifests[action.step] = written
         if error:
