@@ -227,3 +227,17 @@ def test_the_state_file_keeps_verifications_and_restores_and_reads_as_before_wit
     kept = state.parse(state.render(JobState(verifies=(0.01,), restores=(95.2,), updated_at=T0)), T0)
     assert kept.verifies == (0.01,) and kept.restores == (95.2,)
     assert kept.prior().verifies == (0.01,) and kept.prior().restores == (95.2,)
+
+
+def test_the_run_that_wrote_the_manifest_is_not_taken_for_an_interruption() -> None:
+    """Its record in the manifest is still open (it was uploading): closed as `other`, so a job
+    whose only survivor is a bucket does not learn an interruption from every run."""
+    from esiwrap.core.history import RunRecord
+
+    state = JobState(updated_at=T0 - 4000, runs=(RunRecord(T0 - 8000, T0 - 4000, "r1", ending="running"),))
+    found = manifests.parse(manifests.render(3, "/ckpt/3", T0 - 4000, run_id="r1", state=state), T0)
+    d = Driver(start=False, controller=Controller(MANIFESTS, job=Job(None, T0, run_id="r2")))
+    d.feed(core.Launch())
+    d.feed(core.ManifestsFetched(0, manifests=(found,)))
+    assert d.controller.job.found is not None
+    assert [(r.run_id, r.ending) for r in d.controller.job.found.runs] == [("r1", "other")]

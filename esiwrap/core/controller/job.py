@@ -95,8 +95,13 @@ class Job:
 
     def adopt(self, found: JobState) -> None:
         """The job's state came back another way than the state file (a manifest beside the
-        checkpoint `--restore-manifests` found): this run starts from it, as from a state file."""
-        self.found = found.starting(self.run.started_at, self.host)
+        checkpoint `--restore-manifests` found): this run starts from it, as from a state file.
+        The run that wrote the manifest left its record open (it was running, uploading): how it
+        ended after that is not known, so it is closed as `other` (its exposure counts, not as an
+        interruption without notice: every run of a job whose only survivor is a bucket would look
+        like one)."""
+        runs = tuple(replace(r, ending="other") if r.ending == "running" else r for r in found.runs)
+        self.found = replace(found, runs=runs).starting(self.run.started_at, self.host)
         checkpoint = self.found.checkpoint
         step = checkpoint.step if checkpoint is not None else None
         self.run = replace(self.run, start_step=step, end_step=step)
