@@ -240,16 +240,23 @@ def test_every_default_of_the_core_has_one_home() -> None:
     `PolicyConfig`): built back from the options' defaults, it is the default configuration. Every
     field of it is an option's, or named here as one no option sets; a new field without its option
     (or a changed default in one place) fails."""
-    from dataclasses import fields
+    from dataclasses import fields, replace
 
     from esiwrap.cli import options
     from esiwrap.core.config import ControllerConfig
     from esiwrap.core.policy import PolicyConfig
 
     defaults = {opt.dest: opt.default for opt in options.ALL_RUN_OPTIONS}
-    assert options.controller_config(defaults) == ControllerConfig()
+    # One difference, on purpose: the core verifies a checkpoint only when told to (a caller
+    # without checkpoint files has nothing to check); the command line tells it to by default
+    # (--verify-builtin auto).
+    built = options.controller_config(defaults)
+    assert built.policy.verify and not PolicyConfig().verify
+    assert built == replace(ControllerConfig(), policy=replace(PolicyConfig(), verify=True))
     not_options = {"policy", "save_signal", "stop_signal", "probe_dir",  # set from --signal, ... --state-file
-                   "prior_sigma", "save_safety_factor", "final_save_factor", "uploads"}  # constants; --upload
+                   "prior_sigma", "save_safety_factor", "final_save_factor", "uploads",  # constants; --upload
+                   "verify", "verify_command",  # --verify-builtin, --verify
+                   "restore", "restore_manifests", "manifests"}  # whether --restore, ..., --upload are set
     named = set(options.POLICY_FIELDS.values()) | set(options.CONTROLLER_FIELDS.values())
     every = {f.name for f in fields(PolicyConfig)} | {f.name for f in fields(ControllerConfig)}
     assert every - named == not_options
