@@ -67,7 +67,7 @@ from esiwrap.core.controller.protocol import (
     UploadExited,
     UploadStarted,
 )
-from esiwrap.core.controller.roster import Roster, Trainer
+from esiwrap.core.controller.roster import Roster, Trainer, second_stop_signal
 from esiwrap.core.controller.saves import SaveCycle, SaveRequest
 from esiwrap.core.controller.stopping import StopSequence, StopState
 from esiwrap.core.controller.timers import Timer, TimerName, first_due, wait_s
@@ -310,14 +310,25 @@ class Controller:
     def _on_hello(self, hello: Hello, now: Now) -> None:
         if not hello.descendant:  # signalled or not, waited for or not: only our own tree speaks
             self.out.act(RefuseMessage(hello, NOT_IN_TREE))
+            if hello.stop_signal is not None:
+                self._stop_signal_not_honoured(
+                    hello.pid, [hello.stop_signal], None,
+                    "not in esiwrap's process tree: esiwrap signals only its own tree")
             return
         if self.roster.has_left(hello.pid):
             # sent before its bye and come late (another client of the same process, kept while
             # esiwrap's queue was full): the process is ending and ignores the save signal
             self.out.act(RefuseMessage(hello, SAID_BYE))
             return
+        earlier = second_stop_signal(self.roster.trainers.get(hello.pid), hello)
         more_nodes = self.roster.attach(hello, now.wall)
         self._log("info", ev.TRAINER_ATTACHED, pid=hello.pid, **hello.fields)
+        if earlier is not None:
+            self._stop_signal_not_honoured(hello.pid, [earlier, str(hello.stop_signal)], hello.stop_signal,
+                                           "one process, two stop signals: the latest is used")
+        if hello.cannot_save and not self.roster.trainers[hello.pid].saves \
+                and self.roster.warn_once(hello.pid, ev.TRAINER_CANNOT_SAVE):
+            self._log("warning", ev.TRAINER_CANNOT_SAVE, pid=hello.pid, reason=hello.cannot_save)
         self.obs.trainer_started(now.wall)
         if more_nodes:
             self._update_capacity()
@@ -351,6 +362,16 @@ class Controller:
         self.saves.forget(gone.pid)
         if self.roster.gone(gone.pid) and self.saves.request is not None:
             self._check_acknowledged(now)  # it may have been the last one to wait for
+        signal = self.stopping.first_exited(gone.pid)
+        child = self.roster.child_pid
+        if signal is not None and child is not None and self.roster.child_status is None:
+            self._log("info", ev.CHILD_STOP_SIGNALLED, pid=child, signal=signal,
+                      reason="the trainers stopped first have exited")
+            self.out.act(SendSignal((child,), signal))
+
+    def _stop_signal_not_honoured(self, pid: int, asked: list[str], used: str | None, reason: str) -> None:
+        if self.roster.warn_once(pid, ev.STOP_SIGNAL_NOT_HONOURED):
+            self._log("warning", ev.STOP_SIGNAL_NOT_HONOURED, pid=pid, asked=asked, used=used, reason=reason)
 
     def _on_trainer_left(self, left: TrainerLeft, now: Now) -> None:
         if not self.roster.leave(left.pid):
@@ -688,7 +709,8 @@ class Controller:
 
     def _never_came(self, now: Now) -> list[str]:
         return never_came(self.saves.request, now, attached_once=self.roster.attached_once,
-                          savers=self.roster.savers(), last_error=self.saves.last_error)
+                          savers=self.roster.savers(), last_error=self.saves.last_error,
+                          cannot_save=self.roster.cannot_save())
 
     # ------------------------------------------------------------------ planning
     def _replan(self, now: Now) -> None:
@@ -777,17 +799,23 @@ class Controller:
         self.stopping.begin(reason, exit_status, cause, now)
         self.out.act(NotifyStopping())
         self.stopping.extend_timeout(self.mode, now)
+        first = self.roster.stopped_first()
         if self.roster.child_status is not None:
-            self._stop_sigterm_savers()
+            self._stop_first(first, None)
             return  # the child is gone already: the tree check decides when we are done
         if immediate:
             self.out.act(StopChild(None))
             self._kill(now)
             return
         signal = self.roster.child_stop_signal(self.config.stop_signal)
-        self._log("info", ev.CHILD_STOPPING, signal=signal, grace_s=self.config.stop_grace_s, reason=reason)
-        self.out.act(StopChild(signal))
-        self._stop_sigterm_savers()
+        ahead = {"first": [{"pid": pid, "signal": name} for name, pids in first.items() for pid in pids]}
+        self._log("info", ev.CHILD_STOPPING, signal=signal, grace_s=self.config.stop_grace_s, reason=reason,
+                  **(ahead if first else {}))
+        if not first:
+            self.out.act(StopChild(signal))
+            return
+        self.out.act(StopChild(None))  # the tree remembered before anything is signalled
+        self._stop_first(first, signal)
 
     def _escalate(self, reason: str, now: Now) -> None:
         """A second SIGINT while stopping: SIGKILL the tree, or the upload esiwrap waits for."""
@@ -796,11 +824,14 @@ class Controller:
         elif self.mode is Mode.UPLOADING and self.uploads.cut_off_now(reason, now):
             self._finish(self.uploads.exit_reason, now)
 
-    def _stop_sigterm_savers(self) -> None:
-        """A trainer below the child that takes SIGTERM as a save request would outlive the SIGTERM
-        its launcher passes on: it gets its own stop signal directly."""
-        for name, pids in self.roster.sigterm_savers().items():
+    def _stop_first(self, first: dict[str, list[int]], child_signal: str | None) -> None:
+        """The trainers below the child that asked for a stop signal of their own get it now; the
+        child's stop signal (and, once the child is gone, the SIGTERM to what is left of its tree)
+        waits until they have exited: a launcher stopped first would abort them."""
+        for name, pids in first.items():
             self.out.act(SendSignal(tuple(pids), name))
+        if first:
+            self.stopping.stop_first({pid for pids in first.values() for pid in pids}, child_signal)
 
     def _kill(self, now: Now) -> None:
         self.modes.move("kill")

@@ -88,6 +88,7 @@ class Hello(NamedTuple):
     resumed_from: str | None = None  # the checkpoint it resumed from (its files are a measurement)
     nodes: int | None = None  # how many nodes its job spans, if it said (torchrun: world / local)
     sigterm_saves: bool = False  # it takes SIGTERM as a save request (in a Slurm job)
+    cannot_save: str | None = None  # why it cannot save on request (with saves=False; the verl hook)
 
 
 class CheckpointSize(NamedTuple):
@@ -230,8 +231,8 @@ class SendSignal(NamedTuple):
 
 
 class StopChild(NamedTuple):
-    """Remember the child's tree, then send the child the first signal of the stop sequence
-    (None: only remember the tree, a KillTree follows)."""
+    """Remember the child's tree, then send the child its stop signal (None: only remember the
+    tree; a KillTree follows, or the trainers stopped first get their own signal)."""
 
     signal: str | None
 

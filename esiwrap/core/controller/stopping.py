@@ -1,9 +1,14 @@
 """The stop sequence and the drain before it: the wait for a save's acknowledgement after SIGTERM,
-the stop signal and its grace period, SIGKILL and the wait for the tree to vanish, the exit code."""
+the stop signal and its grace period, SIGKILL and the wait for the tree to vanish, the exit code.
+
+The order of the stop: the trainers below the child that asked for a stop signal of their own get it
+first; the child gets its stop signal once they have exited (unless it exited by itself meanwhile),
+and what is left of the tree once the child is gone gets SIGTERM, also only after them; SIGKILL to
+everything left when `--stop-grace`, counted from the first signal, is over."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from esiwrap import events as ev
@@ -31,6 +36,8 @@ class StopState:
     until: float  # monotonic: the end of the grace period, or of the wait after SIGKILL
     cause: StopCause = ""  # why, for the job's history
     leftovers_signalled: bool = False
+    first: set[int] = field(default_factory=set)  # trainers sent their own stop signal, not yet exited
+    child_signal: str | None = None  # the child's stop signal, sent once `first` have all exited
 
 
 class StopSequence:
@@ -73,6 +80,24 @@ class StopSequence:
         self.ack_until = None
         self.stop = StopState(reason, exit_status, until=now.mono + self._grace_s, cause=cause)
 
+    def stop_first(self, pids: set[int], child_signal: str | None) -> None:
+        """These trainers got their own stop signal: the child's (`child_signal`, None when the
+        child needs none) and the leftovers' SIGTERM wait until they have exited."""
+        assert self.stop is not None
+        self.stop.first, self.stop.child_signal = set(pids), child_signal
+
+    def first_exited(self, pid: int) -> str | None:
+        """A process exited: when it was the last of the trainers stopped first, the child's stop
+        signal that waited for them (None: nothing waits)."""
+        stop = self.stop
+        if stop is None or pid not in stop.first:
+            return None
+        stop.first.discard(pid)
+        if stop.first:
+            return None
+        signal, stop.child_signal = stop.child_signal, None
+        return signal
+
     def kill(self, now: Now) -> None:
         assert self.stop is not None
         self.stop.until = now.mono + KILL_WAIT_S
@@ -84,6 +109,8 @@ class StopSequence:
         assert self.stop is not None
         if remaining == 0:
             return True
+        if self.stop.first:
+            return False  # the trainers stopped first are still shutting down: no SIGTERM yet
         if not self.stop.leftovers_signalled:
             self.stop.leftovers_signalled = True
             self._out.act(TermLeftovers())
