@@ -270,7 +270,8 @@ CHILD_STOPPING = _event(
     "have exited; see [the stop sequence](signals.md#the-stop-sequence))")
 CHILD_STOP_SIGNALLED = _event(
     "child_stop_signalled", STOPPING,
-    "the trainers stopped first have exited and the child is still running: it gets its stop signal now",
+    "the trainers stopped first have exited, and the child has not exited by itself 2 s later: it gets "
+    "its stop signal now",
     "pid, signal, reason")
 STOP_SIGNAL_NOT_HONOURED = _event(
     "stop_signal_not_honoured", STOPPING,

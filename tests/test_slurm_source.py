@@ -20,6 +20,7 @@ from esiwrap_harness import PYTHON, TINY_TRAINER, EsiwrapRun
 
 from esiwrap import events as ev
 from esiwrap.core import controller as core
+from esiwrap.core.controller.protocol import LAUNCHER_EXIT_S
 from esiwrap.envvars import TRAINER_SIGTERM_ENV
 from esiwrap.sources import slurm
 from esiwrap.sources.chain import ask
@@ -274,7 +275,8 @@ def test_a_trainer_below_the_child_that_takes_sigterm_gets_its_own_stop_signal()
     out += driver.feed(core.SaveEnd(CHILD + 2, 3))
     assert core.StopChild(None) in out
     assert [s for s in signals(out) if s.signal != "SIGUSR1"] == [core.SendSignal((CHILD + 1,), "SIGHUP")]
-    assert signals(driver.feed(core.TrainerGone(CHILD + 1))) == [core.SendSignal((CHILD,), "SIGTERM")]
+    driver.feed(core.TrainerGone(CHILD + 1))
+    assert signals(driver.advance(LAUNCHER_EXIT_S)) == [core.SendSignal((CHILD,), "SIGTERM")]
 
 
 def test_a_supervised_trainer_survives_a_direct_sigterm_and_a_failed_requeue_still_exits_75(

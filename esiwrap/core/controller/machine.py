@@ -27,6 +27,7 @@ from esiwrap.core.controller.outbox import Outbox, rounded, rounded_opt
 from esiwrap.core.controller.planning import Planner
 from esiwrap.core.controller.probe import StorageProbe
 from esiwrap.core.controller.protocol import (
+    LAUNCHER_EXIT_S,
     NEVER_BEGUN,
     NO_FIELDS,
     NOT_ATTACHED,
@@ -126,6 +127,7 @@ class Controller:
         self._timer_handlers: Mapping[TimerName, Callable[[Now], None]] = {
             "upload retry": self._on_upload_retry, "upload cut-off": self._on_upload_cut_off,
             "linger": self._on_linger, "ack wait": self._on_ack_wait, "stop": self._on_stop,
+            "child stop": self._on_child_stop,
             "deadline": self._on_deadline, "unattached stop": self._on_unattached_stop,
             "save signal": self._on_save_signal, "storage probe": self._on_storage_probe,
             "upload decision": self._on_upload_decision, "heartbeat": self._on_heartbeat,
@@ -362,11 +364,15 @@ class Controller:
         self.saves.forget(gone.pid)
         if self.roster.gone(gone.pid) and self.saves.request is not None:
             self._check_acknowledged(now)  # it may have been the last one to wait for
-        signal = self.stopping.first_exited(gone.pid)
-        child = self.roster.child_pid
+        self.stopping.first_exited(gone.pid, now)
+
+    def _on_child_stop(self, now: Now) -> None:
+        """The trainers stopped first have exited, and the child is still there: its stop signal."""
+        signal, child = self.stopping.child_signal_due(), self.roster.child_pid
         if signal is not None and child is not None and self.roster.child_status is None:
             self._log("info", ev.CHILD_STOP_SIGNALLED, pid=child, signal=signal,
-                      reason="the trainers stopped first have exited")
+                      reason=f"the trainers stopped first have exited, the child was still running "
+                             f"{LAUNCHER_EXIT_S:g}s later")
             self.out.act(SendSignal((child,), signal))
 
     def _stop_signal_not_honoured(self, pid: int, asked: list[str], used: str | None, reason: str) -> None:

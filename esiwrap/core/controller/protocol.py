@@ -19,6 +19,9 @@ from esiwrap.core.state import JobState
 from esiwrap.core.values import Answer
 
 KILL_WAIT_S = 5.0  # after SIGKILL, how long to wait for the tree to vanish
+# After the trainers stopped first (their own stop signal) have exited: how long the child (bash, a
+# launcher that waits for its command) may take to exit by itself before it gets its stop signal.
+LAUNCHER_EXIT_S = 2.0
 STOP_TIMEOUT_MARGIN_S = 5.0  # asked of systemd on top of our own stop timeline
 DEADLINE_CHANGE_S = 1.0  # smaller moves are the same deadline said twice
 SAVE_WRITE_GRACE_FACTOR = 3.0  # a save being written may run this many estimates before it is cut off
