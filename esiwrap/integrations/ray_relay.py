@@ -103,6 +103,7 @@ class _Driver:
         self.requests_sent = 0
         self._thread: threading.Thread | None = None
         self._wake_r = -1
+        self._relaying = threading.Lock()  # held while forwarding; taken for good at the driver's end
 
     def start(self) -> str:
         if self._thread is not None:
@@ -125,9 +126,12 @@ class _Driver:
         )
         self.client.send(self.base_hello)
         if handled and signal_flag.signum is not None:  # at its end: ignore the signal, then bye
+            import atexit
+
             from esiwrap.trainer import say_bye_at_exit
 
             say_bye_at_exit(self.client, signal_flag.signum)
+            atexit.register(self._relaying.acquire)  # registered later, runs first: nothing after the bye
         self._thread = threading.Thread(target=self._run, name="esiwrap-relay", daemon=True)
         self._thread.start()
         return self.relay_id
@@ -163,7 +167,12 @@ class _Driver:
                     self.requests_sent = requested
                     kv.publish_request(self.requests_sent)
                 for message in kv.take_messages():
-                    self._forward(message)
+                    if not self._relaying.acquire(blocking=False):
+                        return  # the driver is ending (it says bye): the loop's news is not its any more
+                    try:
+                        self._forward(message)
+                    finally:
+                        self._relaying.release()
             except Exception as exc:  # Ray shutting down: the driver is exiting anyway
                 if _ray_gone():
                     return
