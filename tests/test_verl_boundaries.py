@@ -150,6 +150,35 @@ def test_where_fit_calls_should_save_ckpt_esi_that_is_the_boundary(transport: Re
     assert [m.step for m in sent(transport, wire.SaveEnd)] == [3]
 
 
+VERL_GUARDED = {"esi_import": "from fake_verl_checkpoint_manager import should_save_ckpt_esi",
+                "esi_call": "if self.config.trainer.get_esi: should_save_ckpt_esi(max_steps_duration=0)"}
+
+
+def test_an_esi_call_that_never_runs_leaves_the_boundary_to_the_metrics_call(
+        transport: RecordingTransport, tmp_path: Path) -> None:
+    """A fit whose code names should_save_ckpt_esi behind a guard that stays false: its hello
+    expects the ESI call, and after two steps without one the metrics call reports the steps and
+    saves; a request is one save, as ever."""
+    module = verl_like(VERL_GUARDED)
+    settings = config(tmp_path)
+    settings.trainer.get_esi = False
+    module.RayPPOTrainer(settings, steps=6, on_step=asked_at(transport, 4)).fit()
+    assert sent(transport, wire.Hello)[0].extra["boundary"] == hook.ESI
+    assert [m.step for m in sent(transport, wire.Step)] == [2, 3, 4, 5, 6]
+    assert [m.step for m in sent(transport, wire.SaveEnd)] == [4]
+
+
+def test_after_a_warm_up_without_esi_calls_the_esi_call_takes_the_boundary_back(
+        transport: RecordingTransport, tmp_path: Path) -> None:
+    """verl's legacy loop skips the ESI call while the critic warms up: the metrics call reports
+    those steps, the first ESI call takes the boundary back, and no step is reported twice."""
+    warm_up = "if step > 3: should_save_ckpt_esi(max_steps_duration=0)"
+    module = verl_like({**VERL_GUARDED, "esi_call": warm_up})
+    module.RayPPOTrainer(config(tmp_path), steps=6, on_step=asked_at(transport, 5)).fit()
+    assert [m.step for m in sent(transport, wire.Step)] == [2, 3, 4, 5, 6]
+    assert [m.step for m in sent(transport, wire.SaveEnd)] == [5]
+
+
 def test_a_recipe_subclass_defined_later_is_wrapped_at_its_class_statement(transport: RecordingTransport,
                                                                           tmp_path: Path) -> None:
     """A recipe's trainer (RayDAPOTrainer's shape): a subclass in its own module, with its own

@@ -9,9 +9,9 @@ of some verl runs:
   `RayPPOTrainer` whose `fit` is verl's own function object (whatever wraps it: the hook attaches
   there) running a body shaped like this version's fit: a step (a sleep), then, as verl's fit does
   at its boundary, `ray_trainer.should_save_ckpt_esi(...)` looked up in the trainer module (0.5.0
-  on; verl 0.4.1 has none), verl's save condition around the real `_save_checkpoint`, then the
-  step's metrics through the module's `compute_throughout_metrics` (every verl's fit calls it once
-  a step);
+  on; verl 0.4.1's fit has no such call), verl's save condition around the real
+  `_save_checkpoint`, then the step's metrics through the module's `compute_throughout_metrics`
+  (every verl's fit calls it once a step);
 * `v1` (`main_ppo`'s default in 0.9): the real `verl.trainer.ppo.v1.trainer_base.PPOTrainer.fit`
   with the step itself a sleep (no rollout engine on CPU) and the real `_save_checkpoint`;
 * `sync` (0.8.0's `main_ppo_sync`, where its `main_ppo`'s deprecation points): the real
@@ -117,7 +117,7 @@ def a_batch() -> Any:
 
 
 def _legacy_fit_body(self: Any) -> None:
-    """This version's `RayPPOTrainer.fit`, shaped for CPU. It becomes the code of verl's own `fit`
+    """`RayPPOTrainer.fit` of verl 0.5.0 on, shaped for CPU. It becomes the code of verl's own `fit`
     function (`run_legacy`), so it runs with ray_trainer's globals and imports what it needs."""
     import time as _time
 
@@ -131,12 +131,10 @@ def _legacy_fit_body(self: Any) -> None:
         self.actor_rollout_wg.async_calls_finalize_fn_exec(blocking=False)
         started = _time.monotonic()
         _time.sleep(self._cpu_step_s)  # generation, log-probs, the actor update
-        esi = False
-        if hasattr(_rt, "should_save_ckpt_esi"):  # 0.5.0 on: looked up in the module, as fit does
-            esi = _rt.should_save_ckpt_esi(
-                max_steps_duration=self.max_steps_duration,
-                redundant_time=self.config.trainer.get("esi_redundant_time", 0),
-            )
+        esi = _rt.should_save_ckpt_esi(  # looked up in the module at each step, as fit does
+            max_steps_duration=self.max_steps_duration,
+            redundant_time=self.config.trainer.get("esi_redundant_time", 0),
+        )
         if self.config.trainer.save_freq > 0 and (
             is_last_step or self.global_steps % self.config.trainer.save_freq == 0 or esi
         ):
@@ -144,6 +142,31 @@ def _legacy_fit_body(self: Any) -> None:
         timing_raw = {"step": _time.monotonic() - started}
         _rt.compute_throughout_metrics(batch=self._cpu_batch, timing_raw=timing_raw, n_gpus=1)
         self.max_steps_duration = max(self.max_steps_duration, _time.monotonic() - started)
+        print(f"step {self.global_steps}", flush=True)
+        self.global_steps += 1
+        if is_last_step:
+            return
+
+
+def _legacy_fit_body_041(self: Any) -> None:
+    """`RayPPOTrainer.fit` of verl 0.4.1, shaped for CPU: no ESI call at all (0.4.1 has none)."""
+    import time as _time
+
+    from verl.trainer.ppo import ray_trainer as _rt
+
+    self.global_steps = 0
+    self._load_checkpoint()
+    self.global_steps += 1
+    for _batch in self.train_dataloader:
+        is_last_step = self.global_steps >= self._cpu_steps
+        started = _time.monotonic()
+        _time.sleep(self._cpu_step_s)  # generation, log-probs, the actor update
+        if self.config.trainer.save_freq > 0 and (
+            is_last_step or self.global_steps % self.config.trainer.save_freq == 0
+        ):
+            self._save_checkpoint()
+        timing_raw = {"step": _time.monotonic() - started}
+        _rt.compute_throughout_metrics(batch=self._cpu_batch, timing_raw=timing_raw, n_gpus=1)
         print(f"step {self.global_steps}", flush=True)
         self.global_steps += 1
         if is_last_step:
@@ -170,7 +193,8 @@ def run_legacy(config: Any, step_s: float, steps: int) -> None:
     if real_fit.__code__.co_freevars:
         msg = f"RayPPOTrainer.fit has free variables {real_fit.__code__.co_freevars}"
         raise RuntimeError(msg)
-    real_fit.__code__ = _legacy_fit_body.__code__
+    body = _legacy_fit_body if hasattr(ray_trainer, "should_save_ckpt_esi") else _legacy_fit_body_041
+    real_fit.__code__ = body.__code__
     cpu_trainer(ray_trainer.RayPPOTrainer, config, step_s, steps).fit()
 
 

@@ -63,6 +63,7 @@ PATCHED = "__esiwrap_patched__"
 ESI = "should_save_ckpt_esi"  # verl's per-step ESI decision (0.5.0 on): a boundary
 METRICS = "compute_throughout_metrics"  # called once a step by every PPO loop: a boundary
 SAVE = "_save_checkpoint"
+METRICS_TAKE_OVER = 2  # steps whose metrics came with no ESI call, before the metrics call reports
 
 
 def patch_module(module: ModuleType) -> None:
@@ -111,6 +112,7 @@ class _Loop:
         self.pending: list[_PendingSave] = []  # async saves not yet final: acknowledged later
         self.start_sent = False
         self.boundary_source = ""  # the one call that reports the boundaries (one a step)
+        self.metrics_alone = 0  # metrics calls since the last ESI call, while the ESI call owns them
         self.loaded: Any = None  # a trainer that loaded before the loop attached: `start` at attach
         self.cannot_save = False  # said hello with saves: false (a loop with no boundary)
 
@@ -160,9 +162,23 @@ class _Loop:
         )
 
     def owns_boundary(self, source: str) -> bool:
-        """The first boundary a loop reaches reports them all (unless `fit` named it already)."""
-        if not self.boundary_source:
-            self.boundary_source = source
+        """Whether this call reports the step boundary (and saves there): one call a step. The
+        boundary `fit` names (read from its code when it starts) owns them; else the first one
+        called. A call to `should_save_ckpt_esi` always takes them (a loop that reaches both calls
+        it after the update, every step past the critic's warm-up), and `compute_throughout_metrics`
+        takes them back when two steps came without one (a loop whose code names an ESI call that
+        does not run: a guard, a config)."""
+        if source == ESI:
+            self.metrics_alone = 0
+            if self.boundary_source in ("", METRICS):
+                self.boundary_source = ESI
+        elif source == METRICS:
+            if not self.boundary_source:
+                self.boundary_source = METRICS
+            elif self.boundary_source == ESI:
+                self.metrics_alone += 1
+                if self.metrics_alone >= METRICS_TAKE_OVER:
+                    self.boundary_source = METRICS
         return self.boundary_source == source
 
     def started(self, trainer: Any) -> None:
