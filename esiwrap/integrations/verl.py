@@ -503,10 +503,11 @@ def cannot_save_reason(cls: type) -> str:
 
 def fit_reaches(cls: type) -> tuple[str, bool]:
     """What the class's `fit` can reach through the trainer's own methods (`self.x(...)`, followed
-    through every class of its MRO, nested functions and closures included): the boundary it calls first
-    (`should_save_ckpt_esi` where it calls both), or "", and whether it saves (`_save_checkpoint`).
-    Read from the bytecode's names, never run; an over-approximation, so a boundary found may
-    still never run (then no warning), but one not found is not there."""
+    through every class of its MRO, nested functions and closures included): the boundary it names
+    (`should_save_ckpt_esi` where it names both), or "", and whether it saves (`_save_checkpoint`).
+    Read from the bytecode's names, never run: an over-approximation. A boundary found may still
+    never run (then `owns_boundary` hands the steps to the other one, and no warning is given), but
+    one not found is not there."""
     cached = _reaches.get(cls)
     if cached is not None:
         return cached
