@@ -2,6 +2,7 @@
 # verl compatibility of esiwrap's zero-code hook: one Markdown table row per verl version.
 #
 #   scripts/verl_compat.sh [--reuse] [--venvs DIR] [--out DIR] [--timeout SECONDS] [VERSION ...]
+#   (--reuse-venvs is --reuse)
 #
 # For each version (default: every one below) a venv of its own, DIR/<version> (default
 # /tmp/verl-compat/venvs): `torch==2.13.0` first (anything that pulls an unpinned torch downloads a
@@ -23,11 +24,11 @@ PYTHON="${PYTHON:-python3}"
 VERSIONS=()
 while [ $# -gt 0 ]; do
     case "$1" in
-        --reuse) REUSE=1 ;;
+        --reuse|--reuse-venvs) REUSE=1 ;;
         --venvs) VENVS=$2; shift ;;
         --out) OUT=$2; shift ;;
         --timeout) TIMEOUT=$2; shift ;;
-        -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
         -*) echo "verl_compat.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
         *) VERSIONS+=("$1") ;;
     esac

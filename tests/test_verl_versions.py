@@ -50,3 +50,18 @@ def hasattr_esi() -> bool:
     from verl.utils.checkpoint import checkpoint_manager
 
     return hasattr(checkpoint_manager, "should_save_ckpt_esi")  # verl 0.5.0 on
+
+
+def test_the_compatibility_script_parses_and_says_how_to_run_it() -> None:
+    """scripts/verl_compat.sh: valid bash, `--help` names the reuse flag, an unknown option is a
+    usage error (exit 2) before any venv is built."""
+    import subprocess
+
+    from esiwrap_harness import ROOT
+
+    script = str(ROOT / "scripts" / "verl_compat.sh")
+    subprocess.run(["bash", "-n", script], check=True, timeout=30)
+    shown = subprocess.run(["bash", script, "--help"], capture_output=True, text=True, timeout=30)
+    assert shown.returncode == 0 and "--reuse" in shown.stdout
+    wrong = subprocess.run(["bash", script, "--no-such-flag"], capture_output=True, text=True, timeout=30)
+    assert wrong.returncode == 2 and "--no-such-flag" in wrong.stderr
