@@ -70,6 +70,8 @@ def trainer_classes() -> list[str]:
             cls = getattr(value, "__ray_actor_class__", value)
             if isinstance(cls, type) and cls.__module__ == name and callable(getattr(cls, "fit", None)):
                 boundary, saves = hook.fit_reaches(cls)
+                if name == hook.VERL_V1_MODULE:
+                    boundary = "on_step_end"  # the V1 loop's own, whatever else its fit names
                 wrapped = getattr(getattr(cls, "_save_checkpoint", None), hook.PATCHED, False)
                 what = boundary or ("cannot save" if saves else "not a saver")
                 unwrapped = "" if wrapped or not saves else " (save unwrapped!)"
