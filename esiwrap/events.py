@@ -117,8 +117,9 @@ CAPACITY_RELEASED = _event(
 TRAINER_ATTACHED = _event(
     "trainer_attached", TRAINERS, "a trainer process said hello",
     "pid, rank, world_size, saves, integration, … (with checkpoint_bytes, checkpoint_dir, "
-    "resumed_from, nodes when the trainer said them, and verl's checkpoint_estimate: how the size "
-    "was estimated; in a Slurm job also `sigterm: save` and its `stop_signal`)")
+    "resumed_from, nodes when the trainer said them; verl's loop, verl_version, trainer, boundary "
+    "(the call its steps are reported at) and checkpoint_estimate (how the size was estimated), or "
+    "cannot_save with `saves: false`; in a Slurm job also `sigterm: save` and its `stop_signal`)")
 TRAINER_CANNOT_SAVE = _event(
     "trainer_cannot_save", TRAINERS,
     "once per process: a trainer said it cannot save when esiwrap asks (warning; the verl hook, for a "
