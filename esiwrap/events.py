@@ -121,8 +121,15 @@ CAPACITY_RELEASED = _event(
 TRAINER_ATTACHED = _event(
     "trainer_attached", TRAINERS, "a trainer process said hello",
     "pid, rank, world_size, saves, integration, … (with checkpoint_bytes, checkpoint_dir, "
-    "resumed_from, nodes when the trainer said them, and verl's checkpoint_estimate: how the size "
-    "was estimated; in a Slurm job also `sigterm: save` and its `stop_signal`)")
+    "resumed_from, nodes when the trainer said them; verl's loop, verl_version, trainer, boundary "
+    "(the call its steps are reported at) and checkpoint_estimate (how the size was estimated), or "
+    "cannot_save with `saves: false`; in a Slurm job also `sigterm: save` and its `stop_signal`)")
+TRAINER_CANNOT_SAVE = _event(
+    "trainer_cannot_save", TRAINERS,
+    "once per process: a trainer said it cannot save when esiwrap asks (warning; the verl hook, for a "
+    "training loop with no step boundary it can use)",
+    "pid, reason (what it is and what to do; a save esiwrap asks for is then missed: exit 76 with this "
+    "reason, unless another trainer saves)")
 TRAINER_LEFT = _event(
     "trainer_left", TRAINERS, "a trainer said bye: its process is ending (the library says it at exit)",
     "pid (it gets no save signal any more: it ignores it until it is gone)")
@@ -322,7 +329,20 @@ MANIFEST_NOT_WRITTEN = _event(
 # ---------------------------------------------------------------------------- stopping
 CHILD_STOPPING = _event(
     "child_stopping", STOPPING, "the stop sequence began",
-    "signal, grace_s, reason")
+    "signal (the child's), grace_s, reason; first ([{pid, signal}]: the trainers below the child that "
+    "asked for a stop signal of their own get it first, and the child gets `signal` only once they "
+    "have exited; see [the stop sequence](signals.md#the-stop-sequence))")
+CHILD_STOP_SIGNALLED = _event(
+    "child_stop_signalled", STOPPING,
+    "the trainers stopped first have exited, and the child has not exited by itself 2 s later: it gets "
+    "its stop signal now",
+    "pid, signal, reason")
+STOP_SIGNAL_NOT_HONOURED = _event(
+    "stop_signal_not_honoured", STOPPING,
+    "once per process: a trainer asked for a stop signal esiwrap cannot give it (warning)",
+    "pid, asked (the signals it asked for), used (what it will get, or null), reason (its hello came "
+    "from outside esiwrap's process tree, which esiwrap never signals; one process asked for two "
+    "different stop signals: the latest is used)")
 CHILD_KILLED = _event(
     "child_killed", STOPPING, "what was left of the tree after `--stop-grace` got SIGKILL",
     "signal, pids")

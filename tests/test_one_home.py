@@ -79,12 +79,18 @@ def test_options_read_from_the_environment_use_the_same_prefix_and_names() -> No
 
 def test_the_verl_hook_watches_the_modules_the_patcher_knows() -> None:
     """The post-import hook's list and the patcher's dispatch are one list: every watched module
-    is patched by one of verl's two loops, and nothing else (sitecustomize.py, which cannot import
-    esiwrap, spells the same list: see the test above)."""
-    from esiwrap.integrations import VERL_LEGACY_MODULES, VERL_TRAINER_MODULES, VERL_V1_MODULE
+    is patched by one of verl's loops, or is the metrics module (every loop's boundary), and
+    nothing else (sitecustomize.py, which cannot import esiwrap, spells the same list: see the
+    test above)."""
+    from esiwrap.integrations import (
+        VERL_LEGACY_MODULES,
+        VERL_METRICS_MODULE,
+        VERL_TRAINER_MODULES,
+        VERL_V1_MODULE,
+    )
 
-    assert set(VERL_TRAINER_MODULES) == {*VERL_LEGACY_MODULES, VERL_V1_MODULE}
-    assert len(VERL_TRAINER_MODULES) == len(set(VERL_TRAINER_MODULES)) == 4
+    assert set(VERL_TRAINER_MODULES) == {*VERL_LEGACY_MODULES, VERL_V1_MODULE, VERL_METRICS_MODULE}
+    assert len(VERL_TRAINER_MODULES) == len(set(VERL_TRAINER_MODULES)) == 6
     spelled = [f"{path.relative_to(PACKAGE)}:{node.lineno}"
                      for path, tree in package_sources(SITECUSTOMIZE)
                      for node in ast.walk(tree)

@@ -393,11 +393,12 @@ RUN_OPTIONS = (
            doc="Also send the save signal to the direct child when it handles the signal itself "
                "without the trainer library (no hello)."),
     Option("--stop-signal", _signal_parser(STOP_SIGNALS), signal_number(CONTROLLER.stop_signal), "SIGTERM",
-           "first signal of the stop sequence", STOP_SIGNALS, show=signal_label, section="stopping",
+           "the child's stop signal", STOP_SIGNALS, show=signal_label, section="stopping",
            see="reference/signals.md#the-stop-sequence", value_name="SIG", advanced=True,
            doc="Sent to the child to stop it (a trainer may ask for another in its hello: a Ray "
-               "driver asks for SIGINT); then SIGTERM to what is left of its tree, and SIGKILL after "
-               "`--stop-grace`."),
+               "driver asks for SIGINT). A trainer below the child that asked for its own signal "
+               "gets it first, and the child this one once that trainer has exited; then SIGTERM to "
+               "what is left of its tree, and SIGKILL after `--stop-grace`."),
 )
 
 LOG_OPTIONS = (

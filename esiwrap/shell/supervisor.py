@@ -158,6 +158,7 @@ class Supervisor(Effects):
         self._selector = selectors.DefaultSelector()
         self._tree = ProcessTree(self._selector)
         self._trainer_fds: dict[int, int] = {}  # pid -> pidfd
+        self._trainers_polled: set[int] = set()  # trainers without a pidfd: looked at while stopping
         self._channel: TrainerChannel | None = None
         self._signals: early.Caught | None = None  # the wakeup pipe, once `run` caught the signals
         self._wake_r, self._wake_w = socket.socketpair()
@@ -352,6 +353,9 @@ class Supervisor(Effects):
         """While stopping: reap, watch what is left, and tell the controller how much that is."""
         self._stopping = True
         self._reap()
+        for pid in sorted(self._trainers_polled):  # the stop waits for a trainer it stopped first
+            if not process.pid_exists(pid):
+                self._trainer_exited(pid)
         remaining = self._tree_remaining()
         self._tree.watch(remaining)
         self._feed(core.TreeChecked(len(remaining)))
@@ -743,12 +747,14 @@ class Supervisor(Effects):
         if pid in self._trainer_fds:
             return
         fd = process.open_pidfd(pid)
-        if fd is None:
-            return  # no pidfd here (old kernel) or already gone; reaping or a bye will tell
+        if fd is None:  # no pidfd here (old kernel) or already gone: reaping tells, or the stop's look
+            self._trainers_polled.add(pid)
+            return
         self._trainer_fds[pid] = fd
         self._selector.register(fd, selectors.EVENT_READ, lambda _key, pid=pid: self._trainer_exited(pid))
 
     def _trainer_exited(self, pid: int) -> None:
+        self._trainers_polled.discard(pid)
         self._forget_trainer(pid)
         self._feed(core.TrainerGone(pid))
 
@@ -780,7 +786,7 @@ class Supervisor(Effects):
                 self._upload_reaped(status)
             elif pid in self._helpers:
                 self._helper_reaped(pid, status)
-            elif pid in self._trainer_fds:
+            elif pid in self._trainer_fds or pid in self._trainers_polled:
                 self._trainer_exited(pid)
 
     # ------------------------------------------------------------------ systemd

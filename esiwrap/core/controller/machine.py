@@ -29,6 +29,7 @@ from esiwrap.core.controller.outbox import Outbox, rounded, rounded_opt
 from esiwrap.core.controller.planning import Planner
 from esiwrap.core.controller.probe import StorageProbe
 from esiwrap.core.controller.protocol import (
+    LAUNCHER_EXIT_S,
     NEVER_BEGUN,
     NO_FIELDS,
     NOT_ATTACHED,
@@ -77,7 +78,7 @@ from esiwrap.core.controller.protocol import (
     WriteManifest,
 )
 from esiwrap.core.controller.restoring import Outcome, Restoring
-from esiwrap.core.controller.roster import Roster, Trainer
+from esiwrap.core.controller.roster import Roster, Trainer, second_stop_signal
 from esiwrap.core.controller.saves import SaveCycle, SaveRequest
 from esiwrap.core.controller.stopping import StopSequence, StopState
 from esiwrap.core.controller.timers import Timer, TimerName, first_due, wait_s
@@ -150,6 +151,7 @@ class Controller:
         self._timer_handlers: Mapping[TimerName, Callable[[Now], None]] = {
             "upload retry": self._on_upload_retry, "upload cut-off": self._on_upload_cut_off,
             "linger": self._on_linger, "ack wait": self._on_ack_wait, "stop": self._on_stop,
+            "child stop": self._on_child_stop,
             "deadline": self._on_deadline, "unattached stop": self._on_unattached_stop,
             "save signal": self._on_save_signal, "storage probe": self._on_storage_probe,
             "upload decision": self._on_upload_decision, "heartbeat": self._on_heartbeat,
@@ -356,6 +358,10 @@ class Controller:
     def _on_hello(self, hello: Hello, now: Now) -> None:
         if not hello.descendant:  # signalled or not, waited for or not: only our own tree speaks
             self.out.act(RefuseMessage(hello, NOT_IN_TREE))
+            if hello.stop_signal is not None:
+                self._stop_signal_not_honoured(
+                    hello.pid, [hello.stop_signal], None,
+                    "not in esiwrap's process tree: esiwrap signals only its own tree")
             return
         if self.roster.has_left(hello.pid):
             # sent before its bye and come late (another client of the same process, kept while
@@ -363,8 +369,15 @@ class Controller:
             self.out.act(RefuseMessage(hello, SAID_BYE))
             return
         self._late_first_hello(hello, now)
+        earlier = second_stop_signal(self.roster.trainers.get(hello.pid), hello)
         more_nodes = self.roster.attach(hello, now.wall)
         self._log("info", ev.TRAINER_ATTACHED, pid=hello.pid, **hello.fields)
+        if earlier is not None:
+            self._stop_signal_not_honoured(hello.pid, [earlier, str(hello.stop_signal)], hello.stop_signal,
+                                           "one process, two stop signals: the latest is used")
+        if hello.cannot_save and not self.roster.trainers[hello.pid].saves \
+                and self.roster.warn_once(hello.pid, ev.TRAINER_CANNOT_SAVE):
+            self._log("warning", ev.TRAINER_CANNOT_SAVE, pid=hello.pid, reason=hello.cannot_save)
         self.obs.trainer_started(now.wall)
         self.verifying.note_start(self.obs.checkpoint_at)
         if more_nodes:
@@ -411,6 +424,20 @@ class Controller:
         self.saves.forget(gone.pid)
         if self.roster.gone(gone.pid) and self.saves.request is not None:
             self._check_acknowledged(now)  # it may have been the last one to wait for
+        self.stopping.first_exited(gone.pid, now)
+
+    def _on_child_stop(self, now: Now) -> None:
+        """The trainers stopped first have exited, and the child is still there: its stop signal."""
+        signal, child = self.stopping.child_signal_due(), self.roster.child_pid
+        if signal is not None and child is not None and self.roster.child_status is None:
+            self._log("info", ev.CHILD_STOP_SIGNALLED, pid=child, signal=signal,
+                      reason=f"the trainers stopped first have exited, the child was still running "
+                             f"{LAUNCHER_EXIT_S:g}s later")
+            self.out.act(SendSignal((child,), signal))
+
+    def _stop_signal_not_honoured(self, pid: int, asked: list[str], used: str | None, reason: str) -> None:
+        if self.roster.warn_once(pid, ev.STOP_SIGNAL_NOT_HONOURED):
+            self._log("warning", ev.STOP_SIGNAL_NOT_HONOURED, pid=pid, asked=asked, used=used, reason=reason)
 
     def _on_trainer_left(self, left: TrainerLeft, now: Now) -> None:
         if not self.roster.leave(left.pid):
@@ -977,7 +1004,8 @@ class Controller:
 
     def _never_came(self, now: Now) -> list[str]:
         return never_came(self.saves.request, now, attached_once=self.roster.attached_once,
-                          savers=self.roster.savers(), last_error=self.saves.last_error)
+                          savers=self.roster.savers(), last_error=self.saves.last_error,
+                          cannot_save=self.roster.cannot_save())
 
     # ------------------------------------------------------------------ planning
     def _replan(self, now: Now) -> None:
@@ -1080,8 +1108,9 @@ class Controller:
         self.stopping.begin(reason, exit_status, cause, now, grace_s)
         self.out.act(NotifyStopping())
         self.stopping.extend_timeout(self.mode, now)
+        first = self.roster.stopped_first()
         if self.roster.child_status is not None:
-            self._stop_sigterm_savers()
+            self._stop_first(first, None)
             return  # the child is gone already: the tree check decides when we are done
         if immediate:
             self.out.act(StopChild(None))
@@ -1089,9 +1118,14 @@ class Controller:
             return
         signal = self.roster.child_stop_signal(self.config.stop_signal)
         grace = self.config.stop_grace_s if grace_s is None else rounded(grace_s)
-        self._log("info", ev.CHILD_STOPPING, signal=signal, grace_s=grace, reason=reason)
-        self.out.act(StopChild(signal))
-        self._stop_sigterm_savers()
+        ahead = {"first": [{"pid": pid, "signal": name} for name, pids in first.items() for pid in pids]}
+        self._log("info", ev.CHILD_STOPPING, signal=signal, grace_s=grace, reason=reason,
+                  **(ahead if first else {}))
+        if not first:
+            self.out.act(StopChild(signal))
+            return
+        self.out.act(StopChild(None))  # the tree remembered before anything is signalled
+        self._stop_first(first, signal)
 
     def _escalate(self, reason: str, now: Now) -> None:
         """A second SIGINT while stopping: SIGKILL the tree, or the upload esiwrap waits for."""
@@ -1103,11 +1137,14 @@ class Controller:
         elif self.mode is Mode.UPLOADING and self.uploads.cut_off_now(reason, now):
             self._finish(self.uploads.exit_reason, now)
 
-    def _stop_sigterm_savers(self) -> None:
-        """A trainer below the child that takes SIGTERM as a save request would outlive the SIGTERM
-        its launcher passes on: it gets its own stop signal directly."""
-        for name, pids in self.roster.sigterm_savers().items():
+    def _stop_first(self, first: dict[str, list[int]], child_signal: str | None) -> None:
+        """The trainers below the child that asked for a stop signal of their own get it now; the
+        child's stop signal (and, once the child is gone, the SIGTERM to what is left of its tree)
+        waits until they have exited: a launcher stopped first would abort them."""
+        for name, pids in first.items():
             self.out.act(SendSignal(tuple(pids), name))
+        if first:
+            self.stopping.stop_first({pid for pids in first.values() for pid in pids}, child_signal)
 
     def _kill(self, now: Now) -> None:
         self.modes.move("kill")

@@ -19,6 +19,9 @@ from esiwrap.core.state import JobState
 from esiwrap.core.values import Answer
 
 KILL_WAIT_S = 5.0  # after SIGKILL, how long to wait for the tree to vanish
+# After the trainers stopped first (their own stop signal) have exited: how long the child (bash, a
+# launcher that waits for its command) may take to exit by itself before it gets its stop signal.
+LAUNCHER_EXIT_S = 2.0
 STOP_TIMEOUT_MARGIN_S = 5.0  # asked of systemd on top of our own stop timeline
 DEADLINE_CHANGE_S = 1.0  # smaller moves are the same deadline said twice
 SAVE_WRITE_GRACE_FACTOR = 3.0  # a save being written may run this many estimates before it is cut off
@@ -73,6 +76,7 @@ class Hello(NamedTuple):
     resumed_from: str | None = None  # the checkpoint it resumed from (its files are a measurement)
     nodes: int | None = None  # how many nodes its job spans, if it said (torchrun: world / local)
     sigterm_saves: bool = False  # it takes SIGTERM as a save request (in a Slurm job)
+    cannot_save: str | None = None  # why it cannot save on request (with saves=False; the verl hook)
 
 
 class CheckpointSize(NamedTuple):
@@ -269,8 +273,8 @@ class SendSignal(NamedTuple):
 
 
 class StopChild(NamedTuple):
-    """Remember the child's tree, then send the child the first signal of the stop sequence
-    (None: only remember the tree, a KillTree follows)."""
+    """Remember the child's tree, then send the child its stop signal (None: only remember the
+    tree; a KillTree follows, or the trainers stopped first get their own signal)."""
 
     signal: str | None
 
