@@ -128,7 +128,7 @@ def saved_before(run: EsiwrapRun, work: Path, source: str, loop: str) -> dict[st
     assert parse_iso(completed[0]["timestamp"]) < deadline and completed[0]["remaining_s"] > 0
     step = completed[0]["step"]
     assert (work / "ckpt" / "latest_checkpointed_iteration.txt").read_text() == str(step)
-    assert (work / "ckpt" / f"global_step_{step}" / "actor" / "model.pt").exists()
+    assert (work / "ckpt" / f"global_step_{step}" / "actor" / "model_world_size_1_rank_0.pt").exists()
     loop_hello = next(e for e in run.events if e["event"] == "trainer_attached" and e.get("loop"))
     assert loop_hello["loop"] == loop
     return ruling[-1]

@@ -101,6 +101,23 @@ def test_a_completed_save_is_verified_before_it_counts() -> None:
     assert exits(d.actions)[0].code == EXIT_CHECKPOINTED
 
 
+def test_a_save_over_the_file_being_checked_replaces_that_check() -> None:
+    """One file saved in place: the trainer's next save ends while the last one is still being
+    checked. The file now holds the newer checkpoint: the old check is given up (not an invalid
+    checkpoint) and the newer one is checked and counts."""
+    d = Driver(NO_FINAL)
+    first = insured(d, 60, path="/ckpt/latest.pt")
+    d.advance(0.1)
+    second = by_hand(d, first, path="/ckpt/latest.pt")
+    assert [(c.step, c.path) for c in asked(d)] == [(first, "/ckpt/latest.pt"), (second, "/ckpt/latest.pt")]
+    assert any(isinstance(a, core.StopVerify) for a in d.actions)
+    answer(d)
+    assert logs(d.actions, "checkpoint_invalid") == []
+    (verified,) = logs(d.actions, "checkpoint_verified")
+    assert verified["step"] == second
+    assert d.controller.uploads.durable is not None and d.controller.uploads.durable.step == second
+
+
 def test_the_upload_and_the_manifest_wait_for_the_verification() -> None:
     """With --upload, the upload starts once the checkpoint is valid, after its manifest (whose
     state names it as the job's durable checkpoint)."""
@@ -207,6 +224,27 @@ def test_the_stop_waits_for_a_verification_and_gives_it_up_before_the_deadline()
     (done,) = exits(d.actions)
     assert done.code == EXIT_SAVE_MISSED and d.wall < deadline.at
     assert "not verified" in done.reason or "invalid" in done.reason
+
+
+def test_a_verification_at_the_stop_may_run_until_a_second_before_the_deadline() -> None:
+    """Nothing needs a grace after the cut-off (the built-in check is abandoned, a --verify command
+    gets SIGKILL): a check still running at the stop is waited for until 1 s before the deadline,
+    and one that ends 1.5 s before it counts."""
+    d = Driver(NO_FINAL)
+    insured(d, 25)
+    stop_when_due(d)
+    deadline = d.controller.deadline
+    assert deadline is not None and d.controller.mode is Mode.VERIFYING
+    d.advance(deadline.at - d.wall - 1.5)
+    assert not logs(d.actions, "checkpoint_invalid") and not exits(d.actions)
+    answer(d)
+    assert exits(d.actions)[0].code == EXIT_CHECKPOINTED
+    late = Driver(NO_FINAL)
+    insured(late, 25)
+    stop_when_due(late)
+    late.advance(deadline.at - late.wall - 0.9)
+    (invalid,) = logs(late.actions, "checkpoint_invalid")
+    assert invalid["by"] == "cut-off" and late.wall <= deadline.at - 0.9
 
 
 def test_the_stop_waits_for_a_verification_that_ends_in_time() -> None:

@@ -147,7 +147,7 @@ def assert_saved_at_next_boundary(
     if seen:
         assert seen[-1] < step <= seen[-1] + 2, (seen, step)
     assert (tmp / "ckpt" / "latest_checkpointed_iteration.txt").read_text() == str(step)
-    assert (tmp / "ckpt" / f"global_step_{step}" / "actor" / "model.pt").exists()
+    assert (tmp / "ckpt" / f"global_step_{step}" / "actor" / "model_world_size_1_rank_0.pt").exists()
     assert sorted(p.name for p in (tmp / "ckpt").glob("global_step_*")) == [f"global_step_{step}"]
     stopping = run.first("child_stopping")
     assert stopping["signal"] == "SIGINT"

@@ -539,6 +539,15 @@ class Controller:
         elif self.saves.ended(end, self.roster.savers()):
             self._acknowledged(now)
 
+    def _complete(self, reason: str, now: Now) -> str:
+        """The exit's reason for a checkpoint that completed while draining: after what, or how
+        long after the deadline (a last-chance save, the machine still running)."""
+        deadline = self.book.deadline
+        if deadline is not None and now.wall > deadline.at:
+            return (f"checkpoint complete {now.wall - deadline.at:.1f}s after the deadline (a last-chance "
+                    "save: the machine was still running)")
+        return f"checkpoint complete after {reason}"
+
     def _check_acknowledged(self, now: Now) -> None:
         if self.saves.acknowledged_by(self.roster.savers()):
             self._acknowledged(now)
@@ -551,12 +560,7 @@ class Controller:
             if self.verifying.pending(self.saves.last_checkpoint):
                 return  # stop once it is verified (or the wait ends): an invalid one is saved again
             self.stopping.drained()
-            deadline = self.book.deadline
-            after = f"after {request.reason}"
-            if deadline is not None and now.wall > deadline.at:  # a last-chance save
-                after = (f"{now.wall - deadline.at:.1f}s after the deadline (a last-chance save: the "
-                         "machine was still running)")
-            self._begin_stop(f"checkpoint complete {after}", EXIT_CHECKPOINTED,
+            self._begin_stop(self._complete(request.reason, now), EXIT_CHECKPOINTED,
                              "sigterm" if request.reason == "sigterm" else "deadline", now)
             return
         if request.reason == "peer":  # the node that asked stops its ranks: the job ends here too
@@ -706,7 +710,7 @@ class Controller:
             request = self.saves.last_request
             reason = request.reason if request is not None else "sigterm"
             self.stopping.drained()
-            self._begin_stop(f"checkpoint complete after {reason}", EXIT_CHECKPOINTED,
+            self._begin_stop(self._complete(reason, now), EXIT_CHECKPOINTED,
                              "sigterm" if reason == "sigterm" else "deadline", now)
         elif self.planner.awaits_upload and self.mode is Mode.RUNNING and not self.uploads.running():
             self.planner.upload_ended()
@@ -1072,7 +1076,7 @@ class Controller:
         verifying = self.verifying.pending(self.saves.last_checkpoint)
         if self.saves.request is None and request is not None and verifying:
             # acknowledged, still being verified: stop now; the exit waits for it (verifying)
-            self._begin_stop(f"checkpoint complete after {request.reason}", EXIT_CHECKPOINTED,
+            self._begin_stop(self._complete(request.reason, now), EXIT_CHECKPOINTED,
                              "sigterm" if request.reason == "sigterm" else "deadline", now)
             return
         saved = self._progress_is_saved()

@@ -26,7 +26,6 @@ from esiwrap.core.controller.protocol import (
     SAVE_WRITE_GRACE_FACTOR,
     STOP_TIMEOUT_MARGIN_S,
     UPLOAD_EXIT_MARGIN_S,
-    UPLOAD_TERM_GRACE_S,
     CheckpointVerified,
     ControllerConfig,
     ExtendStopTimeout,
@@ -98,6 +97,11 @@ class Verifications:
             deadline: Deadline | None) -> None:
         """Verify this checkpoint now, or after the one being verified."""
         check = Check(checkpoint, purpose, boundary_at)
+        if self.running is not None and checkpoint.path and self.running.checkpoint.path == checkpoint.path:
+            # the trainer wrote the newer checkpoint over the one being checked (one file, saved in
+            # place): that one is gone, not invalid; check what is there now
+            self._out.act(StopVerify("SIGKILL"))
+            self.running = self.waiting = None
         if self.running is None:
             self._start(check, now, deadline)
         else:
@@ -234,9 +238,14 @@ class Verifications:
                                         + STOP_TIMEOUT_MARGIN_S))
 
     def _cutoff(self, now: Now, deadline: Deadline | None) -> float:
-        """Monotonic: when a verification still running at a stop is given up (the upload's)."""
-        if deadline is not None:
-            return now.mono + deadline.at - UPLOAD_TERM_GRACE_S - UPLOAD_EXIT_MARGIN_S - now.wall
+        """Monotonic: when a verification still running at a stop is given up. An upload gets its
+        SIGTERM's grace before this; a verification needs none (the built-in check is abandoned,
+        a --verify command gets SIGKILL): it may run until esiwrap must be gone, 1 s before the
+        deadline, or --final-margin before it where that is less (the final save was planned to
+        be verified by then)."""
+        if deadline is not None:  # (a --final-margin below it is the user's word for how close)
+            margin = min(UPLOAD_EXIT_MARGIN_S, self._config.policy.final_margin_s)
+            return now.mono + deadline.at - margin - now.wall
         return self._window_end if self._window_end is not None else now.mono
 
     def timers(self, exited: bool) -> list[Timer]:
