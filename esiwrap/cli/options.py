@@ -246,7 +246,8 @@ RUN_OPTIONS = (
     Option("--interruption-rate", _rate, POLICY.interruption_rate_per_day,
            "1", "interruptions a day, for periodic saves",
            show=lambda value: "auto" if value is None else f"{value:g}",
-           section="policy", see="policy.md#how-often-capacity-is-interrupted-the-periodic-cadence",
+           section="policy",
+           advanced=True, see="policy.md#how-often-capacity-is-interrupted-the-periodic-cadence",
            value_name="RATE",
            doc="Interruptions a day that come with less warning than a step plus a save, guarded "
                "against with periodic saves at Young/Daly's interval `sqrt(2 × save cost / rate)`. "
@@ -288,16 +289,18 @@ RUN_OPTIONS = (
                "`$ESIWRAP_CHECKPOINT_PATH` is a warning at the start (`upload_without_path`)."),
     Option("--upload-duration", seconds, POLICY.upload_duration_s,
            "600", "upload time guessed until one is measured",
-           section="uploads", see="uploads-and-resumes.md#uploads-exit-75-means-resumable-elsewhere",
+           section="uploads",
+           advanced=True, see="uploads-and-resumes.md#uploads-exit-75-means-resumable-elsewhere",
            doc="Until an upload is measured (in this run, or by an earlier one in `--state-file`), "
                "plans count on this times `--unmeasured-factor`."),
     Option("--local-checkpoints-survive", boolean, CONTROLLER.local_checkpoints_survive,
            "true", "this local disk outlives the instance",
-           section="uploads", see="uploads-and-resumes.md#a-checkpoint-that-dies-with-the-instance-is-named",
+           section="uploads",
+           advanced=True, see="uploads-and-resumes.md#a-checkpoint-that-dies-with-the-instance-is-named",
            doc="No `checkpoint_not_durable` warning for a checkpoint on a local disk: for a "
                "persistent volume that moves with the job, or a machine that runs the next run too."),
     Option("--verify-builtin", choice(VERIFY_BUILTIN), "auto", "none",
-           "esiwrap's own check of each checkpoint", VERIFY_BUILTIN, section="uploads",
+           "esiwrap's own check of each checkpoint", VERIFY_BUILTIN, section="uploads", advanced=True,
            see="uploads-and-resumes.md#verified-before-it-counts",
            doc="`auto`: after each save, check the checkpoint from its metadata, by its format (torch, "
                "safetensors, DCP, verl, Hugging Face Trainer, Lightning; any other: not empty, and its "
@@ -311,7 +314,7 @@ RUN_OPTIONS = (
                "training; its time is measured and planned for."),
     Option("--verify-duration", seconds, POLICY.verify_duration_s, "120",
            "--verify's time guessed until measured",
-           section="uploads", see="uploads-and-resumes.md#verified-before-it-counts",
+           section="uploads", advanced=True, see="uploads-and-resumes.md#verified-before-it-counts",
            doc="Until a verification is measured (in this run, or by an earlier one in `--state-file`), "
                "plans count on this times `--unmeasured-factor` for a `--verify` command. The built-in "
                "check alone is counted from its first measurement: it reads metadata only, "
@@ -334,7 +337,7 @@ RUN_OPTIONS = (
                "one names the checkpoint to restore and brings the job's state back."),
     Option("--restore-optional", boolean, CONTROLLER.restore_optional, "true",
            "a failed restore lets the command start",
-           section="uploads", see="uploads-and-resumes.md#the-way-back-restore",
+           section="uploads", advanced=True, see="uploads-and-resumes.md#the-way-back-restore",
            doc="When `--restore` cannot bring the checkpoint back, start the command anyway (it "
                "starts from whatever it finds: from scratch, as `resume_missed` will say) instead of "
                "exiting 66."),
@@ -369,7 +372,7 @@ RUN_OPTIONS = (
                "esiwrap waits for a save's acknowledgement after SIGTERM (while a save is being "
                "written, up to 3× its estimate, never past the deadline)."),
     Option("--stop-budget", seconds, CONTROLLER.stop_budget_s,
-           "30", "what the platform gives a stop", section="stopping",
+           "30", "what the platform gives a stop", section="stopping", advanced=True,
            see="running/container.md",
            doc="Seconds the platform gives a stop before its own SIGKILL (`docker stop`: 10; "
                "Kubernetes: `terminationGracePeriodSeconds`, 30 by default; Slurm: `KillWait`). "
@@ -522,7 +525,7 @@ SUBCOMMANDS = ("deadline", "report", "status", "systemd-unit", "docs")
 DOCS_COMMAND = "esiwrap docs"  # where the documentation is, however esiwrap was installed
 # What most runs set (docs/getting-started.md: the deadline or its source, then the state file, the
 # upload and the log on storage that outlives the instance), first in `esiwrap --help`.
-START_HERE = ("--deadline", "--sources", "--state-file", "--upload", "--log-file")
+START_HERE = ("--deadline", "--sources", "--state-file", "--upload", "--restore", "--log-file")
 _SECTION = {section.key: section for section in SECTIONS}
 EXIT_CODES = ("Exit codes: the child's own; 75 stopped after a verified checkpoint (with --upload: and "
               "its upload); 74 with --upload, the last valid checkpoint is on local storage only (its "
