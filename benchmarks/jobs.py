@@ -63,10 +63,10 @@ class Pool:
     """The pool's interruptions without notice, on its own clock: a Poisson process, or for a
     bursty pool one whose rate switches between storms and lulls (a Markov-modulated process)."""
 
-    def __init__(self, family: JobFamily, rng: random.Random) -> None:
+    def __init__(self, family: JobFamily, rng: random.Random, start: float) -> None:
         self.family, self.rng = family, rng
         self.storm = bursty_start(rng) if family.bursty else False
-        self.switch_at = self._dwell() if family.bursty else math.inf
+        self.switch_at = start + self._dwell() if family.bursty else math.inf
 
     def _dwell(self) -> float:
         return self.rng.expovariate(1.0 / (STORM_MEAN_S if self.storm else LULL_MEAN_S))
@@ -116,8 +116,8 @@ def play_job(name: str, job: int, runs: int, seed: int, params: Params, horizon_
     plays that run."""
     family = JOB_FAMILIES[name]
     rng = random.Random(f"{seed}:job:{name}:{job}:{horizon_s}")
-    pool = Pool(family, random.Random(f"{seed}:pool:{name}:{job}:{horizon_s}"))
     clock = JOB_START
+    pool = Pool(family, random.Random(f"{seed}:pool:{name}:{job}:{horizon_s}"), clock)
     state: JobState | None = None  # no state file yet: the job's first run
     out: list[JobRun] = []
     for index in range(1, runs + 1):

@@ -18,9 +18,11 @@ RUN_ID_ENV = "ESIWRAP_RUN_ID"  # the run's `run_id`, as in every log line
 TRAINER_SIGTERM_ENV = "ESIWRAP_TRAINER_SIGTERM"
 TRAINER_SIGTERM_SAVE = "save"
 
-# Exported by esiwrap to the `--upload` command.
-CHECKPOINT_PATH_ENV = "ESIWRAP_CHECKPOINT_PATH"  # the checkpoint to upload (also `{path}`)
+# Exported by esiwrap to the `--upload`, `--verify` and `--restore` commands.
+CHECKPOINT_PATH_ENV = "ESIWRAP_CHECKPOINT_PATH"  # the checkpoint to upload, check or restore (also `{path}`)
 CHECKPOINT_STEP_ENV = "ESIWRAP_CHECKPOINT_STEP"  # the step it holds (also `{step}`)
+MANIFEST_ENV = "ESIWRAP_MANIFEST"  # `--upload`: the checkpoint's manifest, copied last (also `{manifest}`)
+MANIFEST_DIR_ENV = "ESIWRAP_MANIFEST_DIR"  # `--restore-manifests`: where the manifests go (also `{dir}`)
 
 # Read by esiwrap itself (besides the ESIWRAP_<OPTION> settings).
 COMMAND_ENV = "ESIWRAP_COMMAND"  # the command when none follows `--` (systemd environment files)
@@ -37,6 +39,8 @@ CHAINED_SETUP_HOOK_ENV = "ESIWRAP_CHAINED_SETUP_HOOK"  # a user's worker_process
 # by `scripts/gen_reference.py`): who sets it, and what it means. Plain data: nothing is imported.
 EXPORTED = "set by esiwrap for the command"
 FOR_UPLOAD = "set by esiwrap for the --upload command"
+FOR_COMMANDS = "set by esiwrap for the --upload, --verify and --restore commands"
+FOR_MANIFESTS = "set by esiwrap for the --restore-manifests command"
 READ = "read by esiwrap"
 HOOKS = "the zero-code hooks (verl, Ray)"
 DESCRIPTIONS: dict[str, tuple[str, str]] = {
@@ -48,9 +52,13 @@ DESCRIPTIONS: dict[str, tuple[str, str]] = {
     TRAINER_SIGTERM_ENV: (EXPORTED, "`save` inside a Slurm job (unless you set it): `install()` then takes "
                           "SIGTERM as a save request and asks esiwrap to stop it with SIGHUP; any "
                           "other value keeps SIGTERM's default"),
-    CHECKPOINT_PATH_ENV: (FOR_UPLOAD, "the checkpoint to upload, as the trainer reported it (also "
-                          "`{path}`)"),
-    CHECKPOINT_STEP_ENV: (FOR_UPLOAD, "the step it holds (also `{step}`)"),
+    CHECKPOINT_PATH_ENV: (FOR_COMMANDS, "the checkpoint to upload or check, as the trainer reported it, or "
+                          "where to restore it (also `{path}`)"),
+    CHECKPOINT_STEP_ENV: (FOR_COMMANDS, "the step it holds (also `{step}`)"),
+    MANIFEST_ENV: (FOR_UPLOAD, "the checkpoint's manifest, written beside it before the upload: copy it "
+                   "last, so that a manifest in the store means its checkpoint is all there (also "
+                   "`{manifest}`)"),
+    MANIFEST_DIR_ENV: (FOR_MANIFESTS, "an empty directory to copy the job's manifests into (also `{dir}`)"),
     COMMAND_ENV: (READ, "the command when none follows `--`, split like a POSIX shell would (how the "
                   "systemd unit gets its command)"),
     HOOK_SWITCH_ENV: (READ, "`0` turns the zero-code hooks off and leaves the child's `PYTHONPATH` as "

@@ -6,6 +6,7 @@ EXIT_OK = 0
 EXIT_FAILURE = 1  # esiwrap's own failure, with a one-line reason
 EXIT_USAGE = 2
 EXIT_NO_DEADLINE = 3  # `esiwrap deadline`: no source answered
+EXIT_NOT_RESTORED = 66  # EX_NOINPUT: not started, `--restore` could not bring the job's checkpoint back
 EXIT_NOT_RUNNING = 3  # `esiwrap status`: no esiwrap is running (or none with that pid)
 EXIT_NOT_UPLOADED = 74  # EX_IOERR: checkpoint complete on local storage only; its upload did not finish
 EXIT_CHECKPOINTED = 75  # EX_TEMPFAIL: stopped after a completed checkpoint; resume elsewhere

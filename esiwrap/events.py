@@ -22,12 +22,14 @@ COMMAND = "The command and esiwrap"
 DEADLINES = "Deadlines"
 TRAINERS = "Trainers"
 SAVES = "Saves"
+VERIFY = "Verification"
 UPLOADS = "Uploads"
 STATE = "State and resumes"
+RESTORES = "Restores"
 STOPPING = "Stopping"
 OUTSIDE = "systemd, metrics and status"
 SLURM = "Slurm"
-TOPICS = (COMMAND, DEADLINES, TRAINERS, SAVES, UPLOADS, STATE, STOPPING, OUTSIDE, SLURM)
+TOPICS = (COMMAND, DEADLINES, TRAINERS, SAVES, VERIFY, UPLOADS, STATE, RESTORES, STOPPING, OUTSIDE, SLURM)
 
 DOCS: dict[str, EventDoc] = {}
 
@@ -38,12 +40,12 @@ def _event(name: str, topic: str, when: str, fields: str) -> str:
 
 
 # ---------------------------------------------------------------------------- the command
-SETTINGS = _event(
-    "settings", COMMAND, "once, just before `child_started`: the run's options",
-    "settings (the run options that shape decisions, by flag: what `report --what-if` starts from)")
 CHILD_STARTED = _event(
     "child_started", COMMAND, "the command started",
     "pid, argv, host (the machine's name: which instance)")
+SETTINGS = _event(
+    "settings", COMMAND, "once, just after `child_started`: the run's options",
+    "settings (the run options that shape decisions, by flag: what `report --what-if` starts from)")
 COMMAND_FAILED = _event(
     "command_failed", COMMAND, "the command could not be started",
     "reason (the command was not found or is not executable: exit 127/126)")
@@ -54,7 +56,7 @@ CHILD_EXITED = _event(
 SUPERVISOR_EXIT = _event(
     "supervisor_exit", COMMAND, "esiwrap exits",
     "code, reason, last_step, checkpoint_step (the last completed), durable_step (the last "
-    "durable: with `--upload`, uploaded), lateness ({\"timers\": {p99_s, max_s}, \"reports\": "
+    "durable: verified, and with `--upload` uploaded), lateness ({\"timers\": {p99_s, max_s}, \"reports\": "
     "{p99_s, max_s}}: how late esiwrap's loop woke for its timers and how long trainer reports took "
     "to reach it, over the run)")
 SUPERVISOR_FAILED = _event(
@@ -119,8 +121,15 @@ CAPACITY_RELEASED = _event(
 TRAINER_ATTACHED = _event(
     "trainer_attached", TRAINERS, "a trainer process said hello",
     "pid, rank, world_size, saves, integration, … (with checkpoint_bytes, checkpoint_dir, "
-    "resumed_from, nodes when the trainer said them, and verl's checkpoint_estimate: how the size "
-    "was estimated; in a Slurm job also `sigterm: save` and its `stop_signal`)")
+    "resumed_from, nodes when the trainer said them; verl's loop, verl_version, trainer, boundary "
+    "(the call its steps are reported at) and checkpoint_estimate (how the size was estimated), or "
+    "cannot_save with `saves: false`; in a Slurm job also `sigterm: save` and its `stop_signal`)")
+TRAINER_CANNOT_SAVE = _event(
+    "trainer_cannot_save", TRAINERS,
+    "once per process: a trainer said it cannot save when esiwrap asks (warning; the verl hook, for a "
+    "training loop with no step boundary it can use)",
+    "pid, reason (what it is and what to do; a save esiwrap asks for is then missed: exit 76 with this "
+    "reason, unless another trainer saves)")
 TRAINER_LEFT = _event(
     "trainer_left", TRAINERS, "a trainer said bye: its process is ending (the library says it at exit)",
     "pid (it gets no save signal any more: it ignores it until it is gone)")
@@ -169,16 +178,18 @@ SAVE_SCHEDULED = _event(
     "and where that came from)")
 SAVE_REQUESTED = _event(
     "save_requested", SAVES, "the save signal was sent",
-    "reason (deadline/sigterm/manual/peer/early_warning; deadline for every planned save; peer: a "
-    "save another node's esiwrap asked for, seen in the trainer's messages, multi-node torchrun; "
-    "early_warning: after an `early_warning`), kind, remaining_s (null without a deadline), signal, "
-    "pids; for a planned save also planned_at, late_s (the moment the signal went out minus "
-    "planned_at), step_estimate_s, save_estimate_s, why (the plan when it fired)")
+    "reason (deadline/sigterm/manual/peer/early_warning/invalid; deadline for every planned save; peer: "
+    "a save another node's esiwrap asked for, seen in the trainer's messages, multi-node torchrun; "
+    "early_warning: after an `early_warning`; invalid: the last checkpoint failed its checks), kind, "
+    "remaining_s (null without a deadline), signal, pids; for a planned save also planned_at, late_s "
+    "(the moment the signal went out minus planned_at), step_estimate_s, save_estimate_s, why (the "
+    "plan when it fired)")
 SAVE_STARTED = _event(
     "save_started", SAVES, "a trainer began writing a checkpoint",
     "step, pid, requested")
 SAVE_COMPLETED = _event(
-    "save_completed", SAVES, "the checkpoint is complete (acknowledged)",
+    "save_completed", SAVES, "the trainer says the checkpoint is complete (acknowledged); it counts once "
+    "verified (`checkpoint_verified`)",
     "step, kind, duration_s, path, remaining_s, requested")
 SAVE_FAILED = _event(
     "save_failed", SAVES, "the trainer reported a failed save; the next boundary tries again",
@@ -199,6 +210,29 @@ CHECKPOINT_NOT_DURABLE = _event(
     "once, at the first completed save: the checkpoint is on a local disk and there is no `--upload`",
     "path, filesystem, mount_point, device, fix")
 
+# ---------------------------------------------------------------------------- verification
+CHECKPOINT_VERIFIED = _event(
+    "checkpoint_verified", VERIFY, "a completed checkpoint passed its checks: it counts from now on",
+    "step, path, format (verl, hf-trainer, dcp, directory, safetensors, lightning, torch, unknown), checked "
+    "(what was checked, in words), seconds (the whole verification, as esiwrap waited for it), bytes, "
+    "files, read_bytes (what the built-in check read), by (`built-in`, `--verify`, or both), remaining_s")
+CHECKPOINT_INVALID = _event(
+    "checkpoint_invalid", VERIFY, "a completed checkpoint failed its checks, or its verification did not end "
+    "in time (error): it never counts",
+    "step, path, problem (which file, entry or offset; or the `--verify` command's exit and last stderr "
+    "line; or `not verified: …` when it was cut off), fix, format, checked, seconds, by, durable_step (the "
+    "newest valid checkpoint, which stays the durable one; null: none of this run), action (`save again "
+    "now`, or why not)")
+CHECKPOINT_NOT_VERIFIED = _event(
+    "checkpoint_not_verified", VERIFY, "once: a checkpoint with no path and no `--verify` command cannot be "
+    "checked (warning); it counts as the trainer said",
+    "step, fix (report the path: `saving(step, path)`)")
+PREVIOUS_CHECKPOINT_DELETED = _event(
+    "previous_checkpoint_deleted", VERIFY, "once: the last valid checkpoint was deleted (all of it, or "
+    "files of it: verl's rotation) before the next one was verified (warning)",
+    "path (the one deleted), step, new_step, new_path, fix (keep it until the new one counts: verl's "
+    "`trainer.max_actor_ckpt_to_keep` of 2 or more; write to a new path, then switch)")
+
 # ---------------------------------------------------------------------------- uploads
 UPLOAD_WITHOUT_PATH = _event(
     "upload_without_path", UPLOADS,
@@ -207,7 +241,7 @@ UPLOAD_WITHOUT_PATH = _event(
     "upload, fix (right for a script that reads `ESIWRAP_CHECKPOINT_PATH` itself, or for a "
     "directory that holds every checkpoint)")
 UPLOAD_STARTED = _event(
-    "upload_started", UPLOADS, "`--upload`: the command runs for this checkpoint",
+    "upload_started", UPLOADS, "`--upload`: the command runs for this checkpoint (once it was verified)",
     "step, path, pid, attempt, upload_estimate_s, remaining_s")
 UPLOAD_COMPLETED = _event(
     "upload_completed", UPLOADS, "the checkpoint is durable",
@@ -264,10 +298,51 @@ RESUME_MISSED = _event(
     "resume_missed", STATE, "the trainer started from scratch or further back (warning)",
     "checkpoint_step, start_step, steps_redone, path, checkpoint_at, started, causes")
 
+# ---------------------------------------------------------------------------- restores
+RESTORE_SKIPPED = _event(
+    "restore_skipped", RESTORES, "`--restore`: nothing to bring back before the command starts",
+    "reason (the job has no durable checkpoint yet; it is on this instance already, with step and path; no "
+    "manifest was found: a warning)")
+MANIFEST_FOUND = _event(
+    "manifest_found", RESTORES, "`--restore-manifests`: the newest complete manifest names the checkpoint to "
+    "restore",
+    "step, path, written (when), written_by (the run_id of the run that wrote it), manifests (how many "
+    "were read), rejected (each file not used, and why: incomplete, corrupt, another format), state "
+    "(whether it brought the job's state)")
+RESTORE_STARTED = _event(
+    "restore_started", RESTORES, "`--restore`: the command runs to bring the checkpoint back",
+    "step, path, pid, attempt, expected_s (the longest restore measured, if any), cutoff_in_s (how long it "
+    "may take: the insurance save must still fit before the deadline; null without a deadline)")
+RESTORED = _event(
+    "restored", RESTORES, "the checkpoint is back and verified: the command starts",
+    "step, path, seconds (the restore and its verification), bytes, files, format, attempt")
+RESTORE_FAILED = _event(
+    "restore_failed", RESTORES, "a restore attempt failed, what came back is not valid, or no attempt fits "
+    "(error)",
+    "step, path, attempt, code, signal, stderr (its last lines), problem, fix, action (`retry in N s`, `exit "
+    "66`, or `start the command without it (--restore-optional)`)")
+MANIFEST_NOT_WRITTEN = _event(
+    "manifest_not_written", UPLOADS, "the manifest could not be written beside the checkpoint (warning): it "
+    "is written to a local directory instead",
+    "path, error, written_to")
+
 # ---------------------------------------------------------------------------- stopping
 CHILD_STOPPING = _event(
     "child_stopping", STOPPING, "the stop sequence began",
-    "signal, grace_s, reason")
+    "signal (the child's), grace_s, reason; first ([{pid, signal}]: the trainers below the child that "
+    "asked for a stop signal of their own get it first, and the child gets `signal` only once they "
+    "have exited; see [the stop sequence](signals.md#the-stop-sequence))")
+CHILD_STOP_SIGNALLED = _event(
+    "child_stop_signalled", STOPPING,
+    "the trainers stopped first have exited, and the child has not exited by itself 2 s later: it gets "
+    "its stop signal now",
+    "pid, signal, reason")
+STOP_SIGNAL_NOT_HONOURED = _event(
+    "stop_signal_not_honoured", STOPPING,
+    "once per process: a trainer asked for a stop signal esiwrap cannot give it (warning)",
+    "pid, asked (the signals it asked for), used (what it will get, or null), reason (its hello came "
+    "from outside esiwrap's process tree, which esiwrap never signals; one process asked for two "
+    "different stop signals: the latest is used)")
 CHILD_KILLED = _event(
     "child_killed", STOPPING, "what was left of the tree after `--stop-grace` got SIGKILL",
     "signal, pids")

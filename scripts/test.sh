@@ -14,7 +14,10 @@ fi
 python3 -m venv .venv
 # torch first and pinned: the CPU wheel; anything unpinned could pull a multi-GB CUDA build
 .venv/bin/pip install --quiet --disable-pip-version-check torch==2.13.0
-.venv/bin/pip install --quiet --disable-pip-version-check -e '.[test,verl,hf,lightning,docs]'
+# verl as its users install it beside esiwrap (whose `verl` extra installs none): the newest verl
+# checked, with what its trainer modules import (verl 0.9.1 declares them in its `verl-core` extra)
+.venv/bin/pip install --quiet --disable-pip-version-check -e '.[test,verl,hf,lightning,docs]' \
+    'verl==0.9.1' 'TransferQueue>=0.1.10' cachetools fastapi uvicorn
 # systemd-analyze checks the shipped unit (tests/system/platforms/test_systemd_unit.py);
 # tests/system/platforms/test_systemd_real.py runs the installed systemd as PID 1 of a private
 # namespace (unshare, nsenter, setpriv, mount from util-linux); PID 1 of this machine need not be

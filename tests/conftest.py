@@ -50,9 +50,9 @@ for _signum in (signal.SIGQUIT, signal.SIGHUP):
         signal.signal(_signum, signal.SIG_DFL)
 
 pytest_plugins = [
-    "fakes.fixtures",  # fake_metadata, fake_api, cloud_env, ... (tests/fakes/)
-    "lanes",  # the fast lane and the system lane (tests/lanes.py)
-    "faketime",  # wall_clock: steps the wall clock of real processes (tests/faketime.py)
+    "fakes.fixtures",  # fake_metadata, fake_api, cloud_env, ... (tests/lib/fakes/)
+    "lanes",  # the fast lane and the system lane (tests/lib/lanes.py)
+    "faketime",  # wall_clock: steps the wall clock of real processes (tests/lib/faketime.py)
 ]
 
 

@@ -15,6 +15,8 @@ _TRAINER_MODULES = frozenset({
     "verl.experimental.separation.ray_trainer",
     "verl.experimental.fully_async_policy.fully_async_trainer",
     "verl.trainer.ppo.v1.trainer_base",
+    "verl.trainer.main_ppo_sync",
+    "verl.trainer.ppo.metric_utils",
 })
 
 

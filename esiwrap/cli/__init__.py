@@ -30,6 +30,7 @@ from esiwrap.cli.options import (
     OptionParser,
     add_options,
     build_run_parser,
+    check_combinations,
     config_with,
     controller_config,
     upload_names_checkpoint,
@@ -87,6 +88,10 @@ def supervisor_config(command: Sequence[str], values: Mapping[str, Any], run_id:
         run_id=run_id,
         settings={opt.flag: values[opt.dest] for opt in RUN_OPTIONS},
         upload=values["upload"],
+        verify=values["verify"],
+        verify_builtin=values["verify_builtin"] != "none",
+        restore=values["restore"],
+        restore_manifests=values["restore_manifests"],
     )
 
 
@@ -119,6 +124,7 @@ def run(argv: Sequence[str], environ: Mapping[str, str]) -> int:
     if not command:
         fail("no command given; e.g. esiwrap --deadline +2h -- python train.py")
     values = resolve_options(ns, ALL_RUN_OPTIONS, environ)
+    check_combinations(values)
 
     from esiwrap.shell import log
     from esiwrap.shell.supervisor import Supervisor

@@ -24,10 +24,10 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NoReturn
 
 from esiwrap import __version__
-from esiwrap.choices import AFTER_SAVE, LOG_FORMATS, LOG_LEVELS, ON_SIGTERM
+from esiwrap.choices import AFTER_SAVE, LOG_FORMATS, LOG_LEVELS, ON_SIGTERM, VERIFY_BUILTIN
 from esiwrap.core.config import ControllerConfig
 from esiwrap.core.policy import PolicyConfig
-from esiwrap.envvars import CHECKPOINT_PATH_ENV
+from esiwrap.envvars import CHECKPOINT_PATH_ENV, MANIFEST_DIR_ENV
 from esiwrap.errors import UsageError
 from esiwrap.optiontypes import (
     SECTIONS,
@@ -100,29 +100,6 @@ UPLOAD_EXAMPLE = "--upload 'aws s3 cp --recursive {path} s3://bucket/job/{step}/
 _CHECKPOINT_VARIABLE = re.compile(r"\$\{?" + CHECKPOINT_PATH_ENV + r"\b")
 
 
-def _upload_command(text: str) -> str:
-    """A shell command with `{path}` and `{step}`: refused when it is empty, when a brace or a quote
-    is left open (`cp {path /x/` would fail only at the first upload, as exit 74), or when it names
-    another placeholder."""
-    command = text.strip()
-    if not command:
-        msg = f"empty command; e.g. {UPLOAD_EXAMPLE}"
-        raise ValueError(msg)
-    problem = _unbalanced_brace(command)
-    if problem is not None:
-        msg = f"{problem}: a placeholder is {{path}} or {{step}}; e.g. {UPLOAD_EXAMPLE}"
-        raise ValueError(msg)
-    unknown = sorted({m for m in re.findall(r"(?<!\$)\{(\w*)\}", command) if m not in ("path", "step")})
-    if unknown:
-        msg = (f"unknown placeholder {{{unknown[0]}}}: the command may use {{path}} (the checkpoint, "
-               f"shell-quoted) and {{step}}; e.g. {UPLOAD_EXAMPLE}")
-        raise ValueError(msg)
-    try:
-        shlex.split(command)
-    except ValueError as exc:  # "No closing quotation": /bin/sh would refuse it at every upload
-        msg = f"{str(exc).lower()}: close it, or quote the whole command once; e.g. {UPLOAD_EXAMPLE}"
-        raise ValueError(msg) from None
-    return command
 
 
 def _unbalanced_brace(command: str) -> str | None:
@@ -146,6 +123,56 @@ def upload_names_checkpoint(command: str) -> bool:
     right for a script that reads the variable itself or for a fixed directory, wrong otherwise
     (`upload_without_path`)."""
     return "{path}" in command or _CHECKPOINT_VARIABLE.search(command) is not None
+
+
+def _template_problem(command: str, allowed: tuple[str, ...]) -> str | None:
+    """What is wrong with a helper command's template, or None: empty, a brace left open, or a
+    placeholder other than its own (`${VAR}` is the shell's)."""
+    if not command:
+        return "empty command"
+    problem = _unbalanced_brace(command)
+    if problem is not None:
+        return f"{problem}: a placeholder is {' or '.join(f'{{{name}}}' for name in allowed)}"
+    unknown = sorted({m for m in re.findall(r"(?<!\$)\{(\w*)\}", command) if m not in allowed})
+    if unknown:
+        names = ", ".join(f"{{{name}}}" for name in allowed)
+        return f"unknown placeholder {{{unknown[0]}}}: the command may use {names} ({{path}} shell-quoted)" \
+            if "path" in allowed else f"unknown placeholder {{{unknown[0]}}}: the command may use {names}"
+    return None
+
+
+def _command(flag: str, allowed: tuple[str, ...], example: str,
+             needs: tuple[str, ...] = ()) -> Callable[[str], str]:
+    """A helper command's template (`--verify`, `--restore`, `--restore-manifests`), by the rules
+    of --upload's: only its own placeholders, braces and quotes that close, and the ones it cannot
+    do without."""
+    def parse(text: str) -> str:
+        command = text.strip()
+        problem = _template_problem(command, allowed)
+        if problem is not None:
+            msg = f"{problem}; e.g. {flag} {example}"
+            raise ValueError(msg)
+        try:
+            shlex.split(command)
+        except ValueError as exc:
+            msg = f"{str(exc).lower()}: close it, or quote the whole command once; e.g. {flag} {example}"
+            raise ValueError(msg) from None
+        if needs and not any(need in command for need in needs):
+            msg = f"it must name where to put them, {needs[0]} (or ${needs[1]}); e.g. {flag} {example}"
+            raise ValueError(msg)
+        return command
+
+    return parse
+
+
+_upload_command = _command("--upload", ("path", "step", "manifest"), UPLOAD_EXAMPLE.removeprefix("--upload "))
+"""`--upload`: refused when it is empty, when a brace or a quote is left open (`cp {path /x/` would
+fail only at the first upload, as exit 74), or when it names another placeholder."""
+
+VERIFY_EXAMPLE = "'python check_ckpt.py {path} --step {step}'"
+RESTORE_EXAMPLE = "'aws s3 cp --recursive s3://bucket/job/{step}/ckpt/ {path}'"
+MANIFESTS_EXAMPLE = ("'aws s3 cp --recursive s3://bucket/job/ {dir} --exclude \"*\" "
+                     "--include \"*/esiwrap-manifest.*.json\"'")
 
 
 def _signal_parser(allowed: Sequence[str]) -> Callable[[str], int]:
@@ -176,19 +203,21 @@ POLICY, CONTROLLER = PolicyConfig(), ControllerConfig()
 """The decision core's own defaults: each run option of the core takes its default from here (the
 one home of each: `esiwrap.core.config`), and `controller_config` builds the configuration back."""
 # Which option sets which field (the option's `dest` -> the field); `--signal`, `--stop-signal`
-# (a number, the field's label), `--upload` (uploads: whether it is set) and `--state-file` (also
-# the probe's directory) are converted on the way.
+# (a number, the field's label), `--upload` (uploads and manifests: whether it is set), `--verify`,
+# `--verify-builtin` (verify: either is on), `--restore`, `--restore-manifests` (whether set) and
+# `--state-file` (also the probe's directory) are converted on the way.
 POLICY_FIELDS: Mapping[str, str] = {
     "redundant_time": "redundant_s", "save_duration": "save_duration_s",
     "unmeasured_factor": "unmeasured_factor", "interruption_rate": "interruption_rate_per_day",
     "step_window": "step_window", "step_quantile": "step_quantile", "final_save": "final_save",
     "final_margin": "final_margin_s", "upload_duration": "upload_duration_s",
+    "verify_duration": "verify_duration_s",
 }
 CONTROLLER_FIELDS: Mapping[str, str] = {
     "stop_grace": "stop_grace_s", "after_save": "after_save", "on_sigterm": "on_sigterm",
     "signal_child": "signal_child", "stop_budget": "stop_budget_s", "probe_storage": "probe_storage",
     "local_checkpoints_survive": "local_checkpoints_survive", "state_file": "state_file",
-    "max_no_progress_runs": "max_no_progress_runs",
+    "max_no_progress_runs": "max_no_progress_runs", "restore_optional": "restore_optional",
 }
 
 
@@ -217,7 +246,8 @@ RUN_OPTIONS = (
     Option("--interruption-rate", _rate, POLICY.interruption_rate_per_day,
            "1", "interruptions a day, for periodic saves",
            show=lambda value: "auto" if value is None else f"{value:g}",
-           section="policy", see="policy.md#how-often-capacity-is-interrupted-the-periodic-cadence",
+           section="policy",
+           advanced=True, see="policy.md#how-often-capacity-is-interrupted-the-periodic-cadence",
            value_name="RATE",
            doc="Interruptions a day that come with less warning than a step plus a save, guarded "
                "against with periodic saves at Young/Daly's interval `sqrt(2 × save cost / rate)`. "
@@ -259,14 +289,58 @@ RUN_OPTIONS = (
                "`$ESIWRAP_CHECKPOINT_PATH` is a warning at the start (`upload_without_path`)."),
     Option("--upload-duration", seconds, POLICY.upload_duration_s,
            "600", "upload time guessed until one is measured",
-           section="uploads", see="uploads-and-resumes.md#uploads-exit-75-means-resumable-elsewhere",
+           section="uploads",
+           advanced=True, see="uploads-and-resumes.md#uploads-exit-75-means-resumable-elsewhere",
            doc="Until an upload is measured (in this run, or by an earlier one in `--state-file`), "
                "plans count on this times `--unmeasured-factor`."),
     Option("--local-checkpoints-survive", boolean, CONTROLLER.local_checkpoints_survive,
            "true", "this local disk outlives the instance",
-           section="uploads", see="uploads-and-resumes.md#a-checkpoint-that-dies-with-the-instance-is-named",
+           section="uploads",
+           advanced=True, see="uploads-and-resumes.md#a-checkpoint-that-dies-with-the-instance-is-named",
            doc="No `checkpoint_not_durable` warning for a checkpoint on a local disk: for a "
                "persistent volume that moves with the job, or a machine that runs the next run too."),
+    Option("--verify-builtin", choice(VERIFY_BUILTIN), "auto", "none",
+           "esiwrap's own check of each checkpoint", VERIFY_BUILTIN, section="uploads", advanced=True,
+           see="uploads-and-resumes.md#verified-before-it-counts",
+           doc="`auto`: after each save, check the checkpoint from its metadata, by its format (torch, "
+               "safetensors, DCP, verl, Hugging Face Trainer, Lightning; any other: not empty, and its "
+               "size holds still), on a thread of esiwrap's own; it counts (exit 75, its upload) only "
+               "once valid (`checkpoint_verified`, `checkpoint_invalid`). `none`: no built-in check."),
+    Option("--verify", _command("--verify", ("path", "step"), VERIFY_EXAMPLE), None, VERIFY_EXAMPLE,
+           "your own check of each checkpoint", section="uploads", value_name="CMD",
+           see="uploads-and-resumes.md#verified-before-it-counts",
+           doc="After the built-in check, run this shell command with `{path}` (shell-quoted) and `{step}`; "
+               "exit status 0 means the checkpoint is valid. It runs as esiwrap's child, beside "
+               "training; its time is measured and planned for."),
+    Option("--verify-duration", seconds, POLICY.verify_duration_s, "120",
+           "--verify's time guessed until measured",
+           section="uploads", advanced=True, see="uploads-and-resumes.md#verified-before-it-counts",
+           doc="Until a verification is measured (in this run, or by an earlier one in `--state-file`), "
+               "plans count on this times `--unmeasured-factor` for a `--verify` command. The built-in "
+               "check alone is counted from its first measurement: it reads metadata only, "
+               "milliseconds (half a second for a format it does not know)."),
+    Option("--restore", _command("--restore", ("path", "step"), RESTORE_EXAMPLE), None, RESTORE_EXAMPLE,
+           "copy the checkpoint back if it is missing", section="uploads", value_name="CMD",
+           see="uploads-and-resumes.md#the-way-back-restore",
+           doc="When the job's last durable checkpoint (from `--state-file`, or found by "
+               "`--restore-manifests`) is not on this instance, run this shell command with `{path}` "
+               "(where it was, shell-quoted) and `{step}` before the command starts; what comes back "
+               "is verified (`restored`). A failed restore is tried 3 times, within the deadline's "
+               "plan; then esiwrap exits 66 and the command never starts from scratch silently."),
+    Option("--restore-manifests", _command("--restore-manifests", ("dir",), MANIFESTS_EXAMPLE,
+                                           needs=("{dir}", MANIFEST_DIR_ENV)),
+           None, MANIFESTS_EXAMPLE, "copy the job's manifests into {dir}",
+           section="uploads", value_name="CMD", see="uploads-and-resumes.md#only-a-bucket-survives-manifests",
+           doc="With `--restore` and no checkpoint known (no state file on this instance): run this shell "
+               "command to copy the job's manifests (written beside each checkpoint, uploaded by "
+               "`--upload` with `{manifest}`) into the empty directory `{dir}`; the newest complete "
+               "one names the checkpoint to restore and brings the job's state back."),
+    Option("--restore-optional", boolean, CONTROLLER.restore_optional, "true",
+           "a failed restore lets the command start",
+           section="uploads", advanced=True, see="uploads-and-resumes.md#the-way-back-restore",
+           doc="When `--restore` cannot bring the checkpoint back, start the command anyway (it "
+               "starts from whatever it finds: from scratch, as `resume_missed` will say) instead of "
+               "exiting 66."),
     Option("--step-window", positive_int, POLICY.step_window,
            "100", "step intervals remembered", section="policy",
            see="policy.md", value_name="N", advanced=True,
@@ -298,7 +372,7 @@ RUN_OPTIONS = (
                "esiwrap waits for a save's acknowledgement after SIGTERM (while a save is being "
                "written, up to 3× its estimate, never past the deadline)."),
     Option("--stop-budget", seconds, CONTROLLER.stop_budget_s,
-           "30", "what the platform gives a stop", section="stopping",
+           "30", "what the platform gives a stop", section="stopping", advanced=True,
            see="running/container.md",
            doc="Seconds the platform gives a stop before its own SIGKILL (`docker stop`: 10; "
                "Kubernetes: `terminationGracePeriodSeconds`, 30 by default; Slurm: `KillWait`). "
@@ -322,11 +396,12 @@ RUN_OPTIONS = (
            doc="Also send the save signal to the direct child when it handles the signal itself "
                "without the trainer library (no hello)."),
     Option("--stop-signal", _signal_parser(STOP_SIGNALS), signal_number(CONTROLLER.stop_signal), "SIGTERM",
-           "first signal of the stop sequence", STOP_SIGNALS, show=signal_label, section="stopping",
+           "the child's stop signal", STOP_SIGNALS, show=signal_label, section="stopping",
            see="reference/signals.md#the-stop-sequence", value_name="SIG", advanced=True,
            doc="Sent to the child to stop it (a trainer may ask for another in its hello: a Ray "
-               "driver asks for SIGINT); then SIGTERM to what is left of its tree, and SIGKILL after "
-               "`--stop-grace`."),
+               "driver asks for SIGINT). A trainer below the child that asked for its own signal "
+               "gets it first, and the child this one once that trainer has exited; then SIGTERM to "
+               "what is left of its tree, and SIGKILL after `--stop-grace`."),
 )
 
 LOG_OPTIONS = (
@@ -369,7 +444,8 @@ OBSERVE_OPTIONS = (
 
 ALL_RUN_OPTIONS = SOURCE_OPTIONS + RUN_OPTIONS + LOG_OPTIONS + OBSERVE_OPTIONS
 BOOLEAN_FLAGS = {opt.flag for opt in ALL_RUN_OPTIONS if opt.parse is boolean}  # also as --no-X
-QUIET_NEGATIVES = {"--signal-child", "--local-checkpoints-survive"}  # off by default: --no-X not in --help
+# off by default: --no-X not in --help
+QUIET_NEGATIVES = {"--signal-child", "--local-checkpoints-survive", "--restore-optional"}
 # Every long option of a run, and whether it takes a value (the command splitter must know).
 RUN_FLAGS: dict[str, bool] = {
     **{opt.flag: opt.flag not in BOOLEAN_FLAGS for opt in ALL_RUN_OPTIONS},
@@ -382,6 +458,8 @@ RUN_FLAGS: dict[str, bool] = {
 def policy_config(values: Mapping[str, Any]) -> PolicyConfig:
     """The plan's part of the core's configuration, from the run options' values."""
     return PolicyConfig(uploads=values["upload"] is not None,
+                        verify=values["verify_builtin"] != "none" or values["verify"] is not None,
+                        verify_command=values["verify"] is not None,
                         **{field: values[dest] for dest, field in POLICY_FIELDS.items()})
 
 
@@ -394,8 +472,19 @@ def controller_config(values: Mapping[str, Any]) -> ControllerConfig:
         stop_signal=signal_label(values["stop_signal"]),
         # the state file lives next to the checkpoints: its storage, when no trainer names one
         probe_dir=os.path.dirname(values["state_file"]) if values["state_file"] else None,
+        restore=values["restore"] is not None,
+        restore_manifests=values["restore_manifests"] is not None,
+        manifests=values["upload"] is not None,  # each upload's manifest beside its checkpoint
         **{field: values[dest] for dest, field in CONTROLLER_FIELDS.items()},
     )
+
+
+def check_combinations(values: Mapping[str, Any]) -> None:
+    """Options that mean nothing without another: one line naming both (UsageError)."""
+    if values["restore_manifests"] is not None and values["restore"] is None:
+        msg = ("--restore-manifests finds the checkpoint for --restore: give --restore CMD too; e.g. "
+               f"--restore {RESTORE_EXAMPLE}")
+        raise UsageError(msg)
 
 
 def config_with(settings: Mapping[str, Any], options: str) -> ControllerConfig:
@@ -436,17 +525,18 @@ SUBCOMMANDS = ("deadline", "report", "status", "systemd-unit", "docs")
 DOCS_COMMAND = "esiwrap docs"  # where the documentation is, however esiwrap was installed
 # What most runs set (docs/getting-started.md: the deadline or its source, then the state file, the
 # upload and the log on storage that outlives the instance), first in `esiwrap --help`.
-START_HERE = ("--deadline", "--sources", "--state-file", "--upload", "--log-file")
+START_HERE = ("--deadline", "--sources", "--state-file", "--upload", "--restore", "--log-file")
 _SECTION = {section.key: section for section in SECTIONS}
-EXIT_CODES = ("Exit codes: the child's own; 75 stopped after a completed checkpoint (with --upload: and "
-              "its upload); 74 with --upload, the last checkpoint is complete on local storage only (its "
-              "upload did not finish); 76 no acknowledged checkpoint before the deadline; 78 not "
-              "started, the job's last runs made no progress (--max-no-progress-runs); 2 usage; "
-              "126/127 command not executable/not found; 1 esiwrap failed.")
+EXIT_CODES = ("Exit codes: the child's own; 75 stopped after a verified checkpoint (with --upload: and "
+              "its upload); 74 with --upload, the last valid checkpoint is on local storage only (its "
+              "upload did not finish); 76 no valid checkpoint before the deadline; 78 not started, the "
+              "job's last runs made no progress (--max-no-progress-runs); 66 not started, --restore "
+              "could not bring the checkpoint back; 2 usage; 126/127 command not executable/not found; "
+              "1 esiwrap failed.")
 SHORT_EXIT_CODES = ("Exit: the child's own; 75 checkpointed, resume elsewhere (--upload: once uploaded); "
-                    "74 checkpointed, its upload unfinished; 76 no checkpoint before the deadline; 78 not "
-                    "started: no progress in the last runs; 2 usage; 126/127 not executable/found; 1 "
-                    "esiwrap failed.")
+                    "74 checkpointed, its upload unfinished; 76 no valid checkpoint before the deadline; 78 "
+                    "not started: no progress in the last runs; 66 not started: --restore failed; 2 usage; "
+                    "126/127 not executable/found; 1 esiwrap failed.")
 
 
 def in_short_help(opt: Option) -> bool:

@@ -29,8 +29,17 @@ class ControllerConfig:
     local_checkpoints_survive: bool = False  # no checkpoint_not_durable warning for a local disk
     state_file: str | None = None  # `--state-file`: the job's state is kept there (its name, for the log)
     max_no_progress_runs: int = 3  # `--max-no-progress-runs`: the guard (0: off)
+    restore: bool = False  # `--restore`: bring the job's durable checkpoint back before the command starts
+    restore_manifests: bool = False  # `--restore-manifests`: with no checkpoint known, find it in manifests
+    restore_optional: bool = False  # `--restore-optional`: a restore that fails lets the command start
+    manifests: bool = False  # write a manifest beside each checkpoint before its upload (`--upload`)
 
     @property
     def uploads(self) -> bool:
         """`--upload` is set: a checkpoint is durable once its upload completed."""
         return self.policy.uploads
+
+    @property
+    def verifies(self) -> bool:
+        """A checkpoint counts once verified (the built-in check, `--verify`)."""
+        return self.policy.verify

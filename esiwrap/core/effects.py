@@ -22,19 +22,27 @@ from esiwrap.core.controller.protocol import (
     CheckTree,
     Exit,
     ExtendStopTimeout,
+    FetchManifests,
     KeepState,
     KillTree,
     Log,
+    LookForCheckpoint,
     NotifyStopping,
     ProbeStorage,
     RefuseMessage,
     ReleaseCapacity,
     ResolveDeadline,
     SendSignal,
+    StartCommand,
+    StartRestore,
     StartUpload,
     StopChild,
+    StopRestore,
     StopUpload,
+    StopVerify,
     TermLeftovers,
+    VerifyCheckpoint,
+    WriteManifest,
 )
 
 
@@ -93,6 +101,31 @@ class Effects(abc.ABC):
     def exit(self, action: Exit) -> None:
         """The run is over: the world stops driving the core (the supervisor leaves its loop)."""
 
+    @abc.abstractmethod
+    def verify_checkpoint(self, action: VerifyCheckpoint) -> None: ...
+
+    @abc.abstractmethod
+    def stop_verify(self, action: StopVerify) -> None: ...
+
+    @abc.abstractmethod
+    def write_manifest(self, action: WriteManifest) -> None: ...
+
+    @abc.abstractmethod
+    def look_for_checkpoint(self, action: LookForCheckpoint) -> None: ...
+
+    @abc.abstractmethod
+    def fetch_manifests(self, action: FetchManifests) -> None: ...
+
+    @abc.abstractmethod
+    def start_restore(self, action: StartRestore) -> None: ...
+
+    @abc.abstractmethod
+    def stop_restore(self, action: StopRestore) -> None: ...
+
+    @abc.abstractmethod
+    def start_command(self, action: StartCommand) -> None:
+        """The command may start now (it waited for the checkpoint to come back)."""
+
 
 EFFECTS: Mapping[type[Action], str] = {
     Log: "log",
@@ -112,6 +145,14 @@ EFFECTS: Mapping[type[Action], str] = {
     ResolveDeadline: "resolve_deadline",
     RefuseMessage: "refuse_message",
     Exit: "exit",
+    VerifyCheckpoint: "verify_checkpoint",
+    StopVerify: "stop_verify",
+    WriteManifest: "write_manifest",
+    LookForCheckpoint: "look_for_checkpoint",
+    FetchManifests: "fetch_manifests",
+    StartRestore: "start_restore",
+    StopRestore: "stop_restore",
+    StartCommand: "start_command",
 }
 """Each action's method of `Effects`: the one table every world is dispatched through."""
 

@@ -75,6 +75,7 @@ class RunRecord:
     uploads: int = 0  # uploads it completed (`--upload`)
     uploads_failed: int = 0
     host: str = ""  # the instance it ran on
+    deadline_at: float | None = None  # the deadline it knew when last seen (None: none known)
 
     @property
     def hours(self) -> float:
@@ -95,10 +96,11 @@ class RunRecord:
 def close_vanished(runs: Sequence[RunRecord], now: float, host: str = "",
                    killed: str = "") -> tuple[RunRecord, ...]:
     """Open records of runs that are gone: on this host (a new run here means the last one here
-    ended), or not refreshed for STALE_AFTER_S. They vanished with no notice (`interrupted`), except
-    the run `killed` names: its esiwrap was killed on a machine that lived on (the state file's
-    lock says so), which is no interruption of the capacity. An open record of another host seen
-    recently is a run still going there (another node of the job)."""
+    ended), or not refreshed for STALE_AFTER_S. They vanished with no notice (`interrupted`) unless
+    their known deadline was near (`vanished_ending`), except the run `killed` names: its esiwrap
+    was killed on a machine that lived on (the state file's lock says so), which is no
+    interruption of the capacity. An open record of another host seen recently is a run still
+    going there (another node of the job)."""
     def vanished(run: RunRecord) -> bool:
         same_host = bool(host) and run.host == host
         return run.ending == "running" and (same_host or now - run.seen_at > STALE_AFTER_S)
@@ -106,12 +108,20 @@ def close_vanished(runs: Sequence[RunRecord], now: float, host: str = "",
     def closed(run: RunRecord) -> RunRecord:
         if killed and run.run_id == killed and run.ending == "running":
             return replace(run, ending="killed")
-        return replace(run, ending="interrupted") if vanished(run) else run
+        return replace(run, ending=vanished_ending(run)) if vanished(run) else run
 
     return tuple(closed(r) for r in runs)
 
 
 ANNOUNCED_WITHIN_S = 600.0  # a SIGTERM this close to a known deadline is that deadline's reclamation
+
+
+def vanished_ending(run: RunRecord) -> Ending:
+    """A run that vanished within ANNOUNCED_WITHIN_S of its known deadline, or after it, went with
+    that deadline's reclamation (`announced`: capacity taken a little early, a clock a little off);
+    anything else vanished without notice (`interrupted`)."""
+    near = run.deadline_at is not None and run.deadline_at - run.seen_at <= ANNOUNCED_WITHIN_S
+    return "announced" if near else "interrupted"
 
 
 def ending_of(cause: str, deadline_in_s: float | None) -> Ending:
@@ -248,6 +258,8 @@ def record_to_json(run: RunRecord) -> dict[str, Any]:
     for key in ("saves", "uploads", "uploads_failed"):
         if getattr(run, key):
             out[key] = getattr(run, key)
+    if run.deadline_at is not None:
+        out["deadline_at"] = round(run.deadline_at, 3)
     return out
 
 
@@ -267,10 +279,12 @@ def record_from_json(obj: object) -> RunRecord | None:
     if not all(_count(v) for v in counts.values()) or not all(v is None or _count(v) for v in steps.values()):
         return None
     run_id, source, host = (obj.get(k, "") for k in ("run_id", "source", "host"))
+    deadline = obj.get("deadline_at")
     return RunRecord(float(started), float(seen), run_id if isinstance(run_id, str) else "",
                      max(1, counts["nodes"]), capacity, source if isinstance(source, str) else "", ending,
                      steps["start_step"], steps["end_step"], counts["saves"], counts["uploads"],
-                     counts["uploads_failed"], host if isinstance(host, str) else "")
+                     counts["uploads_failed"], host if isinstance(host, str) else "",
+                     float(deadline) if _number(deadline) else None)
 
 
 def _number(value: object) -> TypeGuard[float]:

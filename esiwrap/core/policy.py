@@ -39,6 +39,13 @@ part of the durable end, so a plan counts the save's durable estimate plus `uplo
 One upload runs at a time; a save after the insurance save is planned only where its upload,
 started after the one running, still ends before the deadline.
 
+A checkpoint counts once it is verified (the built-in check of its metadata, and `--verify`'s
+command): the verification comes between the save and its upload, so the durable end is
+save + verify + upload (`verify_estimate_s`: the longest measured verification x
+VERIFY_SAFETY_FACTOR; before one is measured, nothing for the built-in check, which reads
+metadata in milliseconds, and `--verify-duration` x `--unmeasured-factor` for a `--verify`
+command, whose time esiwrap cannot know).
+
 The supervisor's controller and `benchmarks/simulate.py` both drive this module; nothing here
 reads a clock.
 """
@@ -63,6 +70,11 @@ from esiwrap.core.values import CapacityKind
 
 SAVE_SAFETY_FACTOR = 1.25  # insurance: checkpoint writes vary with disk and page cache
 UPLOAD_SAFETY_FACTOR = 1.5  # uploads cross a shared network: their times vary more than writes
+VERIFY_SAFETY_FACTOR = 1.5  # a verification reads metadata: a cold page cache makes it slower
+# A verification that runs this long (and VERIFY_TIMEOUT_FACTOR x its estimate) is given up: a
+# built-in check stuck on a dead mount, a --verify command that hangs. Its checkpoint does not count.
+VERIFY_TIMEOUT_MIN_S = 60.0
+VERIFY_TIMEOUT_FACTOR = 10.0
 FINAL_SAVE_FACTOR = 1.05  # final saves: a late one loses nothing, so aim closer
 FINAL_STEP_QUANTILES = (0.5, 0.75, 0.9, 0.95, 0.99, 1.0)  # the candidates for a final save's step
 FINAL_OWN_STEPS = 20  # a final save plans with this run's own steps once it has this many
@@ -128,6 +140,9 @@ class PolicyConfig:
     final_save_factor: float = FINAL_SAVE_FACTOR
     uploads: bool = False  # `--upload`: a checkpoint is durable once its upload completed
     upload_duration_s: float = 60.0  # what an upload is expected to take until one is measured
+    verify: bool = False  # a checkpoint counts once verified (built-in check, `--verify`)
+    verify_duration_s: float = 10.0  # what a --verify command is expected to take until one is measured
+    verify_command: bool = False  # `--verify CMD`: its time is a guess (x unmeasured_factor)
 
 
 @dataclass(frozen=True)
@@ -140,6 +155,8 @@ class Prior:
     uploads: Sequence[float] = ()  # `--upload`: how long the uploads of checkpoints took
     runs: Sequence[RunRecord] = ()  # the job's earlier runs (`esiwrap.core.history`), ended
     runs_at: float = 0.0  # when this run started: the runs' ages count from it
+    verifies: Sequence[float] = ()  # how long the verifications of checkpoints took
+    restores: Sequence[float] = ()  # `--restore`: how long bringing a checkpoint back took
 
 
 @dataclass(frozen=True)
@@ -212,6 +229,8 @@ class Observations:
         self.capacity = Capacity()
         self.uploads: list[float] = []  # durations of this run's completed uploads
         self.upload_started_at: float | None = None  # wall time the running upload began
+        self.verifies: list[float] = []  # durations of this run's verifications that ended
+        self.restores: list[float] = []  # ...and of its restore (`--restore`), when one came back
         self.timer_late = Delays()  # how late the supervisor's loop woke for its timers
         self.report_delay = Delays()  # how long the trainer's reports took to reach the supervisor
         self._exclude_next_s = 0.0
@@ -221,6 +240,7 @@ class Observations:
         self._longest_save: float | None = max(self.prior.saves, default=None)
         self._longest_blocking: float | None = max(self.prior.blocking, default=None)
         self._longest_upload: float | None = max(self.prior.uploads, default=None)
+        self._longest_verify: float | None = max(self.prior.verifies, default=None)
 
     def sorted_intervals(self) -> list[float]:
         """The window in ascending order (computed once per step: every plan reads it)."""
@@ -231,6 +251,14 @@ class Observations:
     @property
     def longest_upload_s(self) -> float | None:
         return self._longest_upload
+
+    @property
+    def longest_verify_s(self) -> float | None:
+        return self._longest_verify
+
+    @property
+    def longest_restore_s(self) -> float | None:
+        return max([*self.prior.restores, *self.restores], default=None)
 
     @property
     def longest_blocking_s(self) -> float | None:
@@ -301,6 +329,32 @@ class Observations:
         if duration_s is not None:
             self.uploads.append(duration_s)
             self._longest_upload = max(duration_s, self._longest_upload or duration_s)
+
+    def verify_ended(self, duration_s: float) -> None:
+        """A verification ended (valid or not: its time was spent either way)."""
+        self.verifies.append(duration_s)
+        self._longest_verify = max(duration_s, self._longest_verify or duration_s)
+
+    def restore_ended(self, duration_s: float) -> None:
+        """The checkpoint came back (`--restore`), verified, in this long."""
+        self.restores.append(duration_s)
+
+    def checkpoint_lost(self, boundary_at: float | None) -> None:
+        """The last checkpoint turned out invalid: the work at risk counts again from the boundary
+        the newest valid one holds (or from the start)."""
+        self.checkpoint_at = boundary_at
+
+    def adopt_prior(self, prior: Prior) -> None:
+        """An earlier run's measurements, found before this run measured anything (a manifest
+        brought them back with the checkpoint)."""
+        self.prior = prior
+        self.intervals.clear()
+        self.intervals.extend(prior.steps)
+        self._sorted = None
+        self._longest_save = max(prior.saves, default=None)
+        self._longest_blocking = max(prior.blocking, default=None)
+        self._longest_upload = max(prior.uploads, default=None)
+        self._longest_verify = max(prior.verifies, default=None)
 
     def record_requested_save(self, duration_s: float, at: float, began_at: float | None = None) -> None:
         """A save esiwrap asked for was acknowledged at `at`; a synchronous one (no snapshot was
@@ -454,6 +508,41 @@ def upload_estimate_s(obs: Observations, config: PolicyConfig) -> float:
     return measured * UPLOAD_SAFETY_FACTOR
 
 
+def verify_estimate_s(obs: Observations, config: PolicyConfig) -> float:
+    """What a checkpoint's verification adds to its durable end (0 when nothing verifies): the
+    longest measured x VERIFY_SAFETY_FACTOR; before one is measured, `--verify-duration` x
+    `--unmeasured-factor` for a `--verify` command (it may load the whole checkpoint), and nothing
+    for the built-in check alone: it reads metadata only, milliseconds on checkpoints of several
+    GB (BENCHMARKS.md), well inside the save's own margin until the first one is measured."""
+    if not config.verify:
+        return 0.0
+    measured = obs.longest_verify_s
+    if measured is not None:
+        return measured * VERIFY_SAFETY_FACTOR
+    if not config.verify_command:
+        return 0.0
+    return config.verify_duration_s * max(1.0, config.unmeasured_factor)
+
+
+def verify_timeout_s(obs: Observations, config: PolicyConfig) -> float:
+    """How long a verification may run before it is given up (its checkpoint does not count)."""
+    return max(VERIFY_TIMEOUT_MIN_S, VERIFY_TIMEOUT_FACTOR * verify_estimate_s(obs, config))
+
+
+def restore_estimate_s(obs: Observations) -> float | None:
+    """What bringing the checkpoint back is expected to take: the longest restore measured (this
+    job's earlier runs) x UPLOAD_SAFETY_FACTOR (it crosses the same network), or None."""
+    longest = obs.longest_restore_s
+    return None if longest is None else longest * UPLOAD_SAFETY_FACTOR
+
+
+def restore_cutoff_at(deadline: float, obs: Observations, config: PolicyConfig) -> float:
+    """The latest moment a restore may end: the insurance save's signal, planned as if training
+    had started (a step, then the save, its verification and upload, the reserve before the
+    deadline). A restore that ends later leaves a run that cannot save before the deadline."""
+    return plan_save(deadline, obs, config, "insurance").nominal_at
+
+
 def upload_attempt_s(obs: Observations, config: PolicyConfig) -> float:
     """How long one more attempt of an upload is expected to take (does a retry still fit before
     the cut-off?): the longest upload that completed, in this run or an earlier one, else
@@ -537,7 +626,8 @@ def unwarned_share(obs: Observations, config: PolicyConfig) -> float:
     if obs.capacity.kind != "spot" or notice is None or not step:
         return 1.0
     kind: SaveKind = "final" if obs.measured else "insurance"
-    need = save_estimate_s(obs, config, kind) + upload_estimate_s(obs, config) + obs.lateness_s
+    need = (save_estimate_s(obs, config, kind) + verify_estimate_s(obs, config)
+            + upload_estimate_s(obs, config) + obs.lateness_s)
     return min(1.0, max(NOTICE_MISSED_SHARE, (step + need - notice) / step))
 
 
@@ -580,23 +670,25 @@ class SavePlan:
     why: str = ""  # one phrase for people: why this save
     upload_estimate_s: float = 0.0  # `--upload`: the checkpoint is durable once its upload ended
     lateness_s: float = 0.0  # esiwrap's own lateness on this node (`Observations.lateness_s`)
+    verify_estimate_s: float = 0.0  # a checkpoint counts once verified (before its upload)
 
 
 def plan_save(deadline: float, obs: Observations, config: PolicyConfig, kind: SaveKind) -> SavePlan:
     """The insurance or a final save against `deadline`."""
     save = save_estimate_s(obs, config, kind, at=deadline)
+    verify = verify_estimate_s(obs, config)
     upload = upload_estimate_s(obs, config)
     reserve = config.final_margin_s if kind == "final" else config.redundant_s
     late = obs.lateness_s  # the signal may go out late, the acknowledgement arrive late
-    cutoff = deadline - save - upload - reserve - late  # the durable end: the save, then its upload
+    cutoff = deadline - save - verify - upload - reserve - late  # the durable end: save, verify, upload
     if kind == "final":
         step = final_step_estimate_s(obs, config, cutoff - (obs.checkpoint_at or cutoff))
     else:
         step = step_estimate_s(obs, config)
     signal_at = latest_signal_at(cutoff, step, obs.step_started_at)
     nominal_at = cutoff - step if step is not None else signal_at
-    return SavePlan(kind, signal_at, step or 0.0, save, reserve, nominal_at, _why(kind, obs, save, upload),
-                    upload, late)
+    return SavePlan(kind, signal_at, step or 0.0, save, reserve, nominal_at,
+                    _why(kind, obs, save, upload, verify), upload, late, verify)
 
 
 def upload_waits_too_long(plan: SavePlan, deadline: float, obs: Observations, config: PolicyConfig) -> bool:
@@ -606,12 +698,18 @@ def upload_waits_too_long(plan: SavePlan, deadline: float, obs: Observations, co
     return busy_until is not None and busy_until + plan.upload_estimate_s + plan.reserve_s > deadline
 
 
-def _why(kind: SaveKind, obs: Observations, save_s: float, upload_s: float = 0.0) -> str:
+def _why(kind: SaveKind, obs: Observations, save_s: float, upload_s: float = 0.0,
+         verify_s: float = 0.0) -> str:
+    verify = f" + its verification {verify_s:.0f}s" if verify_s >= 0.5 else ""
     upload = f" + its upload {upload_s:.0f}s" if upload_s else ""
     if kind == "final":
+        with_verify = f"its verification, {verify_s:.0f}s" if verify else ""
+        with_upload = f"its upload, {upload_s:.0f}s" if upload_s else ""
+        also = " and ".join(part for part in (with_verify, with_upload) if part)
         return ("final: the last step boundary before the deadline that a measured save still fits"
-                + (f" (with its upload, {upload_s:.0f}s)" if upload_s else ""))
-    return f"insurance: must land before the deadline; {save_basis(obs)}, planned as {save_s:.0f}s{upload}"
+                + (f" (with {also})" if also else ""))
+    return (f"insurance: must land before the deadline; {save_basis(obs)}, planned as "
+            f"{save_s:.0f}s{verify}{upload}")
 
 
 def save_basis(obs: Observations) -> str:
@@ -681,8 +779,8 @@ def next_save(
         insurance = plan_save(deadline, obs, config, "insurance")
         horizon = calibration_horizon_s(obs, config)
         attached = obs.step_started_at is not None  # a trainer said what it knows (its size)
-        early = max(UPLOAD_CALIBRATION_MIN_S,
-                    save_estimate_s(obs, config, "final") + upload_estimate_s(obs, config))
+        early = max(UPLOAD_CALIBRATION_MIN_S, save_estimate_s(obs, config, "final")
+                    + verify_estimate_s(obs, config) + upload_estimate_s(obs, config))
         if attached and measure_upload_early(obs, config) and insurance.nominal_at - now > early:
             return _calibration(obs, config, now, upload=True)  # (not when the insurance is next anyway)
         if horizon is not None and attached and deadline - now > horizon and obs.upload_started_at is None:
@@ -766,8 +864,8 @@ def renewal_reopens_insurance(deadline: float, obs: Observations, config: Policy
 
 def needed_s(plan: SavePlan) -> float:
     """How long before the deadline the plan needs its signal."""
-    return (plan.step_estimate_s + plan.save_estimate_s + plan.upload_estimate_s + plan.reserve_s
-            + plan.lateness_s)
+    return (plan.step_estimate_s + plan.save_estimate_s + plan.verify_estimate_s + plan.upload_estimate_s
+            + plan.reserve_s + plan.lateness_s)
 
 
 def moved_enough(old: float | None, new: float) -> bool:

@@ -14,7 +14,8 @@ import math
 from dataclasses import MISSING, asdict, dataclass, fields
 from typing import Any
 
-PHASES = ("running", "save_requested", "draining", "continuing", "stopping", "killing", "uploading", "exited")
+PHASES = ("running", "starting", "save_requested", "draining", "continuing", "stopping", "killing",
+          "verifying", "uploading", "exited")
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ the runs measured; a new run plans its first save with them instead of a guess. 
 
     {"format": "esiwrap-state/1", "updated_at": 1796008906.1, "command": ["python", "train.py"],
      "steps": [1.02, 0.98, ...], "saves": [61.3, 58.9], "blocking": [4.1], "uploads": [240.5],
+     "verifies": [0.004], "restores": [95.2],
      "checkpoint": {"step": 1200, "path": "/ckpt/global_step_1200", "at": 1796008850.3,
                     "durable": "upload"},
      "runs": [{"started_at": 1796001706.0, "seen_at": 1796008906.1, "nodes": 1, "capacity": "spot",
@@ -13,8 +14,11 @@ the runs measured; a new run plans its first save with them instead of a guess. 
                "saves": 3}]}
 
 `checkpoint` is the last durable checkpoint: with `--upload`, the last one whose upload completed
-(`durable: upload`); without, the last one completed (`durable: completed`). The next run checks
-that the trainer really resumed from it (`resumed`, `resume_missed`).
+(`durable: upload`); without, the last one completed (`durable: completed`); with verification,
+only a checkpoint that passed it. The next run checks that the trainer really resumed from it
+(`resumed`, `resume_missed`), and `--restore` brings it back when it is not on the instance.
+`verifies` and `restores` (the last 10 of each) are written only once measured: a file without
+them is read as before, and an older esiwrap ignores them.
 
 `runs` is the job's history (`esiwrap.core.history`): one record per run, the newest KEEP_RUNS. A run
 adds its record as it starts, refreshes it while it runs and closes it with how it ended; the
@@ -30,7 +34,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any, TypeGuard
 
 from esiwrap.core.history import KEEP_RUNS, RunRecord, close_vanished, record_from_json, record_to_json
@@ -41,9 +45,10 @@ FORMAT = "esiwrap-state/1"
 MAX_AGE_S = 30 * 86_400.0  # older measurements describe other hardware, storage or code
 KEEP_STEPS = 100
 KEEP_SAVES = 10
+LATER_FIELDS = ("verifies", "restores")  # measurements kept since: written (and shown) once there are some
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class JobState:
     steps: tuple[float, ...] = ()
     saves: tuple[float, ...] = ()
@@ -54,11 +59,19 @@ class JobState:
     checkpoint: Checkpoint | None = None
     checkpoint_durable: str = ""  # upload | completed
     runs: tuple[RunRecord, ...] = ()  # the job's history, oldest first
+    verifies: tuple[float, ...] = ()  # how long verifications took
+    restores: tuple[float, ...] = ()  # how long bringing the checkpoint back took (`--restore`)
+
+    def __repr__(self) -> str:
+        """Every field, as a dataclass says it; the measurements added later only once there are some."""
+        shown = [f for f in fields(self) if f.name not in LATER_FIELDS or getattr(self, f.name)]
+        return f"JobState({', '.join(f'{f.name}={getattr(self, f.name)!r}' for f in shown)})"
 
     def prior(self, now: float = 0.0) -> Prior:
         """What the policy plans with; the ended runs' ages count from `now` (this run's start)."""
         ended = tuple(r for r in self.runs if r.ending != "running")
-        return Prior(self.steps, self.saves, self.blocking, self.uploads, ended, now)
+        return Prior(self.steps, self.saves, self.blocking, self.uploads, ended, now, self.verifies,
+                     self.restores)
 
     def starting(self, now: float, host: str = "", killed: str = "") -> JobState:
         """As a new run on `host` finds it: open records of runs that are gone are runs that
@@ -72,7 +85,8 @@ class JobState:
 
     def after_run(self, window: Sequence[float], saves: Sequence[float], blocking: Sequence[float],
                   now: float, command: Sequence[str], uploads: Sequence[float] = (),
-                  checkpoint: Checkpoint | None = None, uploaded: bool = False) -> JobState:
+                  checkpoint: Checkpoint | None = None, uploaded: bool = False,
+                  verifies: Sequence[float] = (), restores: Sequence[float] = ()) -> JobState:
         """What the file holds after a run: its step window (which began with this state's steps),
         its saves and uploads after the earlier runs', the newest kept, and its last durable
         checkpoint (else the earlier run's)."""
@@ -87,6 +101,8 @@ class JobState:
             uploads=tuple([*self.uploads, *uploads][-KEEP_SAVES:]),
             checkpoint=checkpoint if checkpoint is not None else self.checkpoint,
             checkpoint_durable=durable, runs=self.runs,
+            verifies=tuple([*self.verifies, *verifies][-KEEP_SAVES:]),
+            restores=tuple([*self.restores, *restores][-KEEP_SAVES:]),
         )
 
 
@@ -145,6 +161,7 @@ def parse(text: str, now: float) -> JobState:
         blocking=_durations(obj, "blocking", KEEP_SAVES), updated_at=updated_at,
         command=tuple(command), uploads=_durations(obj, "uploads", KEEP_SAVES),
         checkpoint=checkpoint, checkpoint_durable=durable, runs=_runs(obj.get("runs", [])),
+        verifies=_durations(obj, "verifies", KEEP_SAVES), restores=_durations(obj, "restores", KEEP_SAVES),
     )
 
 
@@ -154,6 +171,10 @@ def render(state: JobState) -> str:
         "steps": [round(s, 6) for s in state.steps], "saves": [round(s, 6) for s in state.saves],
         "blocking": [round(s, 6) for s in state.blocking], "uploads": [round(s, 6) for s in state.uploads],
     }
+    for key in LATER_FIELDS:  # only once measured: the file reads as before without them
+        values = getattr(state, key)
+        if values:
+            obj[key] = [round(s, 6) for s in values]
     if state.checkpoint is not None:
         c = state.checkpoint
         obj["checkpoint"] = {"step": c.step, "path": c.path, "at": round(c.completed_at, 3),

@@ -14,12 +14,18 @@ import os
 
 from esiwrap.envvars import CHAINED_RAY_ENV_HOOK, HOOK_SWITCH_ENV, RELAY_ENV, SOCKET_ENV
 from esiwrap.integrations.verl_hooks import install_verl_hooks
-from esiwrap.integrations.verl_modules import VERL_LEGACY_MODULES, VERL_TRAINER_MODULES, VERL_V1_MODULE
+from esiwrap.integrations.verl_modules import (
+    VERL_LEGACY_MODULES,
+    VERL_METRICS_MODULE,
+    VERL_TRAINER_MODULES,
+    VERL_V1_MODULE,
+)
 
 __all__ = [
     "HOOK_SWITCH_ENV",
     "RELAY_ENV",
     "VERL_LEGACY_MODULES",
+    "VERL_METRICS_MODULE",
     "VERL_TRAINER_MODULES",
     "VERL_V1_MODULE",
     "activate",

@@ -12,8 +12,10 @@ So the driver is the one process esiwrap signals and hears from:
 * The TaskRunner's events go up the same way: it puts them under a key prefix, the driver's
   thread forwards them to esiwrap's socket as its own messages (under its own pid: esiwrap hears
   the driver, the one process of the job in its tree). A relayed `hello` re-announces the driver
-  as the process that saves (`saves: true`), carrying the loop's details. Every hello of the
-  driver says `relay: true`.
+  as the process that saves (the loop's `saves`: false, with `cannot_save`, for a loop the hook
+  cannot save), carrying the loop's details. Every hello of the driver says `relay: true`.
+* At its end the driver ignores the save signal, then says `bye` (as `esiwrap.trainer.install()`'s
+  processes do): a save signal during its interpreter's shutdown would kill a finished run.
 * `worker_setup` runs in every worker of the job: a save-signal handler (a stray signal must
   never kill a Ray worker) and the verl post-import hooks.
 * Once connected, the driver also watches every other node's deadline (`ray_nodes`) and sends
@@ -101,6 +103,7 @@ class _Driver:
         self.requests_sent = 0
         self._thread: threading.Thread | None = None
         self._wake_r = -1
+        self._relaying = threading.Lock()  # held while forwarding; taken for good at the driver's end
 
     def start(self) -> str:
         if self._thread is not None:
@@ -122,6 +125,13 @@ class _Driver:
             extra={"role": "ray-driver", "ray_version": ray.__version__},
         )
         self.client.send(self.base_hello)
+        if handled and signal_flag.signum is not None:  # at its end: ignore the signal, then bye
+            import atexit
+
+            from esiwrap.trainer import say_bye_at_exit
+
+            say_bye_at_exit(self.client, signal_flag.signum)
+            atexit.register(self._relaying.acquire)  # registered later, runs first: nothing after the bye
         self._thread = threading.Thread(target=self._run, name="esiwrap-relay", daemon=True)
         self._thread.start()
         return self.relay_id
@@ -157,7 +167,12 @@ class _Driver:
                     self.requests_sent = requested
                     kv.publish_request(self.requests_sent)
                 for message in kv.take_messages():
-                    self._forward(message)
+                    if not self._relaying.acquire(blocking=False):
+                        return  # the driver is ending (it says bye): the loop's news is not its any more
+                    try:
+                        self._forward(message)
+                    finally:
+                        self._relaying.release()
             except Exception as exc:  # Ray shutting down: the driver is exiting anyway
                 if _ray_gone():
                     return
@@ -182,7 +197,7 @@ class _Driver:
             base = self.base_hello
             extra = {**message.extra, **base.extra, "role": "ray-driver, relaying the verl loop",
                      "relayed_from": {"pid": envelope.pid, "node": message.extra.get("node")}}
-            self.client.send(message._replace(rank=base.rank, world_size=base.world_size, saves=True,
+            self.client.send(message._replace(rank=base.rank, world_size=base.world_size,
                                               signal=base.signal, stop_signal=base.stop_signal,
                                               integration=base.integration, relay=True, extra=extra))
         else:

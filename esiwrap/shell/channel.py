@@ -48,6 +48,7 @@ CREDENTIALS = struct.Struct("3i")  # struct ucred: pid, uid, gid
 HAS_CREDENTIALS = hasattr(socket, "SO_PASSCRED") and hasattr(socket, "SCM_CREDENTIALS")
 MAX_NODES = 1 << 20  # a hello's node count beyond this is not one
 MAX_PATH = 4096  # a path a hello names, as kept
+MAX_REASON = 1000  # a hello's `cannot_save`, as kept
 MAX_REPORT_DELAY_S = 3600.0  # a report "later" than this was stamped by another machine's clock
 CMDLINE_CHARS = 200  # of a refused sender's command line, in its log line
 # What a relay forwards for the processes it speaks for; its bye is its own.
@@ -306,6 +307,7 @@ def _hello(pid: int, hello: wire.Hello, descendant: bool) -> core.Hello:
         resumed_from=(hello.resumed_from or "")[:MAX_PATH] or None,
         nodes=min(nodes, MAX_NODES) if nodes is not None else None,
         sigterm_saves=hello.sigterm == TRAINER_SIGTERM_SAVE,
+        cannot_save=(hello.cannot_save or "")[:MAX_REASON] or None,
     )
 
 

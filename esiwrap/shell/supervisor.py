@@ -10,9 +10,12 @@ before the timers that fell due fire (`tick`). The controller's actions (signal 
 the child, log, keep the job's state, check the tree, start or stop an upload, look at the
 checkpoint's filesystem, exit) are carried out here. The loop never waits on a disk
 or a log reader: the state, status and metrics files are written by a thread of their own
-(`esiwrap.shell.writer`), and so are the log's lines (`esiwrap.shell.log`). The `--upload` helper is the
-shell's own child, reaped in the loop like the rest; what holds a checkpoint is looked at on a
-thread (a stat can hang on a dead mount).
+(`esiwrap.shell.writer`), and so are the log's lines (`esiwrap.shell.log`). The `--upload`,
+`--verify`, `--restore` and `--restore-manifests` helpers are the shell's own children, reaped in the
+loop like the rest; what holds a checkpoint, whether it is whole (`esiwrap.shell.verify`), its
+manifest and whether it is on this instance are looked at on threads (a stat can hang on a dead
+mount). With `--restore`, the loop runs before the command starts: the command waits until the
+controller says `StartCommand`.
 Nothing here decides, and nothing here reads the controller's state but its `snapshot` (for the
 status line, the metrics and the status file).
 """
@@ -29,7 +32,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from esiwrap import events as ev
 from esiwrap.core import controller as core
@@ -48,7 +51,7 @@ from esiwrap.errors import (
     Halt,
 )
 from esiwrap.paths import bootstrap_dir
-from esiwrap.shell import durability, early, process, statefile, systemd
+from esiwrap.shell import checkpoints, durability, early, process, statefile, systemd
 from esiwrap.shell import upload_process as upload
 from esiwrap.shell.channel import TrainerChannel
 from esiwrap.shell.log import get_logger
@@ -65,6 +68,9 @@ MAX_WAIT_S = 60.0  # re-read the wall clock at least this often: it can jump
 POLL_WITHOUT_PIDFD_S = 0.2  # only while stopping, on kernels without pidfd_open
 FILES_AT_EXIT_S = 10.0  # leaving waits this long at most for the last state and status writes
 HAS_PIDFD = hasattr(os, "pidfd_open")
+if TYPE_CHECKING:
+    from esiwrap.shell.verify import Verdict
+
 LogNote = tuple[str, str, dict[str, Any]]  # level, event, fields
 
 
@@ -75,7 +81,27 @@ class SupervisorConfig:
     run_id: str = ""
     settings: Mapping[str, Any] = field(default_factory=dict)  # the run options, logged at start
     child_env: Mapping[str, str] = field(default_factory=dict)  # added for the platform (Slurm's)
-    upload: str | None = None  # `--upload CMD`: run after each completed save ({path}, {step})
+    upload: str | None = None  # `--upload CMD`: run after each completed save ({path}, {step}, {manifest})
+    verify: str | None = None  # `--verify CMD`: run after the built-in check ({path}, {step}); 0 = valid
+    verify_builtin: bool = True  # `--verify-builtin auto`: esiwrap's own check of each checkpoint
+    restore: str | None = None  # `--restore CMD`: bring the checkpoint back ({path}, {step})
+    restore_manifests: str | None = None  # `--restore-manifests CMD`: copy the manifests into {dir}
+
+
+@dataclass
+class _Helper:
+    """A helper command other than the upload (verify, restore, manifests), and what its end does."""
+
+    process: upload.UploadProcess
+    ended: Callable[[upload.UploadProcess, core.ChildExited], None]
+
+
+class _VerifyJob:
+    """One verification the controller asked for; one that was given up is no longer the current."""
+
+    def __init__(self, action: core.VerifyCheckpoint) -> None:
+        self.action = action
+        self.pid: int | None = None  # its --verify command, once it runs
 
 
 class Supervisor(Effects):
@@ -112,7 +138,18 @@ class Supervisor(Effects):
         self._child_reaped = False  # ...and whether its exit was collected
         self._stopping = False  # the controller asked for the tree to be checked: it stops for good
         self._upload: upload.UploadProcess | None = None
+        self._helpers: dict[int, _Helper] = {}  # verify, restore, manifests: pid -> helper
+        self._verify_job: _VerifyJob | None = None
+        self._verified_files: dict[str, int] = {}  # a checkpoint that passed: how many files it had
+        self._restore_pid: int | None = None  # the restore's (or manifests') helper
+        self._manifests: dict[int, str] = {}  # step -> its manifest file, once written
+        self._manifest_files: dict[str, str] = {}  # checkpoint path -> its manifest, written by this run
+        self._manifest_writes: set[int] = set()  # steps whose manifest is being written
+        self._waiting_uploads: dict[int, core.StartUpload] = {}  # ...and their uploads, waiting for it
+        self._held = False  # the controller looks for the checkpoint or restores it: no command yet
+        self._opened = self._watching = False
         self._background: queue.SimpleQueue[core.Input] = queue.SimpleQueue()  # from helper threads
+        self._calls: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()  # from helper threads
         self._environ = dict(os.environ if environ is None else environ)
         self._clock = clock
         self._sources = list(sources)
@@ -121,6 +158,7 @@ class Supervisor(Effects):
         self._selector = selectors.DefaultSelector()
         self._tree = ProcessTree(self._selector)
         self._trainer_fds: dict[int, int] = {}  # pid -> pidfd
+        self._trainers_polled: set[int] = set()  # trainers without a pidfd: looked at while stopping
         self._channel: TrainerChannel | None = None
         self._signals: early.Caught | None = None  # the wakeup pipe, once `run` caught the signals
         self._wake_r, self._wake_w = socket.socketpair()
@@ -141,10 +179,13 @@ class Supervisor(Effects):
             for level, event, fields in notes:
                 shown = {k: v for k, v in fields.items() if k != "killed_run_id"}
                 getattr(self.logger, level)(event, **shown)
-            self._feed(core.Launch())  # the no-progress guard may end the run here (exit 78)
             self._channel = TrainerChannel(self.logger, self._clock, self._trainer_fds.__contains__)
-            self._start_child()
-            self._watcher.start()
+            self._feed(core.Launch())  # the no-progress guard may end the run here (exit 78)
+            if self._held:  # the checkpoint comes back first, planned against the deadline: the loop now
+                self._open()
+            elif self._child_pid is None:
+                self._start_child()
+            self._start_watcher()
             self._loop()
         except Halt as halt:
             return self._exit(halt.reason, halt.exit_status)
@@ -180,14 +221,27 @@ class Supervisor(Effects):
                                               signals=self._signals, callers_env=self._environ)
         host = socket.gethostname()  # which instance this run is on (`esiwrap report`)
         self._feed(core.ChildStarted(pid, tuple(self.config.argv), self.config.settings, host))
+        self._open()
+        self._reap()  # a child that died before the selector existed
+
+    def _open(self) -> None:
+        """The static sources asked, READY, the loop's file descriptors: once, before the loop runs
+        (after the command started, or before it when a restore comes first)."""
+        if self._opened:
+            return
+        self._opened = True
         if self._static:  # known before READY, so the first status line already has the deadline
             self._feed(core.DeadlineAnswers(tuple(ask(s, self._clock()) for s in self._static)))
         self._systemd.ready(*systemd.status_parts(self._snapshot()), time.monotonic())
-        assert self._signals is not None
+        assert self._signals is not None and self._channel is not None
         self._selector.register(self._signals.read_fd, selectors.EVENT_READ, self._on_signal_bytes)
         self._selector.register(self._wake_r, selectors.EVENT_READ, self._on_watcher_wake)
         self._selector.register(self._channel, selectors.EVENT_READ, self._on_channel)
-        self._reap()  # a child that died before the selector existed
+
+    def _start_watcher(self) -> None:
+        if not self._watching:
+            self._watching = True
+            self._watcher.start()
 
     def _close(self) -> None:
         self._observer.close()
@@ -299,6 +353,9 @@ class Supervisor(Effects):
         """While stopping: reap, watch what is left, and tell the controller how much that is."""
         self._stopping = True
         self._reap()
+        for pid in sorted(self._trainers_polled):  # the stop waits for a trainer it stopped first
+            if not process.pid_exists(pid):
+                self._trainer_exited(pid)
         remaining = self._tree_remaining()
         self._tree.watch(remaining)
         self._feed(core.TreeChecked(len(remaining)))
@@ -331,6 +388,9 @@ class Supervisor(Effects):
         signum = signal_number(action.signal)
         if self._upload is not None and signum is not None:
             self._upload.signal(signum)
+        elif self._waiting_uploads:  # cut off before its manifest was written: it never starts
+            self._waiting_uploads.clear()
+            self._feed(core.UploadExited(0, None, action.signal))
 
     def resolve_deadline(self, action: core.ResolveDeadline) -> None:
         """Every source asked again now: the local ones here (instant), the others on their threads."""
@@ -343,19 +403,21 @@ class Supervisor(Effects):
 
     # ------------------------------------------------------------------ uploads and the checkpoint's disk
     def start_upload(self, action: core.StartUpload) -> None:
-        """Run the --upload command for this checkpoint; its end comes through reaping."""
+        """Run the --upload command for this checkpoint; its end comes through reaping. Its manifest
+        is written first: an upload whose manifest is being written starts once it is."""
         template = self.config.upload
         if template is None:
+            return
+        if action.step in self._manifest_writes:
+            self._waiting_uploads[action.step] = action
             return
         if upload.needs_path(template) and not action.path:
             self._feed(core.UploadExited(0, None, error="the trainer reported no checkpoint path "
                                                   "to put in {path}: report it in saving(step, path)"))
             return
-        env = {k: v for k, v in self._environ.items() if k not in systemd.CHILD_UNSET}
-        if self.config.run_id:
-            env[RUN_ID_ENV] = self.config.run_id
         try:
-            self._upload = upload.UploadProcess.start(template, action.path, action.step, env)
+            self._upload = upload.UploadProcess.start(template, action.path, action.step, self._helper_env(),
+                                                      manifest=self._manifests.get(action.step, ""))
         except OSError as exc:
             self._feed(core.UploadExited(0, EXIT_NOT_EXECUTABLE, error=f"cannot start "
                                                   f"{upload.SHELL}: {exc.strerror or exc}"))
@@ -400,6 +462,216 @@ class Supervisor(Effects):
 
         threading.Thread(target=look, name="esiwrap-filesystem", daemon=True).start()
 
+    def _helper_env(self) -> dict[str, str]:
+        """A helper command's environment: esiwrap's own, less systemd's, with the run's id."""
+        env = {k: v for k, v in self._environ.items() if k not in systemd.CHILD_UNSET}
+        if self.config.run_id:
+            env[RUN_ID_ENV] = self.config.run_id
+        return env
+
+    def _off_loop(self, work: Callable[[], Callable[[], None]], name: str) -> None:
+        """Run `work` on a thread; what it returns is called in the loop (a stat can hang)."""
+
+        def run() -> None:
+            self._calls.put(work())
+            self._poke()
+
+        threading.Thread(target=run, name=name, daemon=True).start()
+
+    def _start_helper(self, template: str, path: str, step: int,
+                      ended: Callable[[upload.UploadProcess, core.ChildExited], None], *,
+                      directory: str = "") -> int | str:
+        """Start a helper command; its pid, or why it could not start."""
+        if upload.needs_path(template) and not path:
+            return "the trainer reported no checkpoint path to put in {path}: report it in saving(step, path)"
+        try:
+            helper = upload.UploadProcess.start(template, path, step, self._helper_env(), directory=directory)
+        except OSError as exc:
+            return f"cannot start {upload.SHELL}: {exc.strerror or exc}"
+        self._helpers[helper.pid] = _Helper(helper, ended)
+        if helper.stderr_fd is not None:
+            self._selector.register(helper.stderr_fd, selectors.EVENT_READ,
+                                    lambda key, helper=helper: self._on_helper_stderr(key, helper))
+        return helper.pid
+
+    def _on_helper_stderr(self, key: selectors.SelectorKey, helper: upload.UploadProcess) -> None:
+        if not helper.read_stderr():
+            self._unregister(key.fd)
+
+    def _helper_reaped(self, pid: int, status: int) -> None:
+        found = self._helpers.pop(pid)
+        running = found.process
+        fd = running.stderr_fd
+        running.read_stderr()
+        if fd is not None:
+            self._unregister(fd)
+        running.close()
+        found.ended(running, _child_exited(pid, status))
+
+    # ------------------------------------------------------------------ verification
+    def verify_checkpoint(self, action: core.VerifyCheckpoint) -> None:
+        """The built-in check on a thread, then the --verify command; CheckpointVerified."""
+        job = self._verify_job = _VerifyJob(action)
+        builtin = self.config.verify_builtin
+
+        files_then = self._verified_files.get(action.previous)
+
+        def work() -> Callable[[], None]:
+            verdict = checkpoints.check(action.path, action.step, builtin)
+            gone = checkpoints.previous_gone(action.previous, files_then)
+            return lambda: self._checked(job, verdict, gone)
+
+        self._off_loop(work, "esiwrap-verify")
+
+    def _checked(self, job: _VerifyJob, verdict: Verdict, previous_gone: bool) -> None:
+        """The built-in check ended: that is the answer, or the --verify command runs now."""
+        if job is not self._verify_job:
+            return  # given up meanwhile
+        action = job.action
+        by = "built-in" if self.config.verify_builtin and action.path else ""
+        answer = core.CheckpointVerified(
+            action.step, action.path, verdict.ok, verdict.format, verdict.checked, verdict.problem,
+            verdict.fix, verdict.bytes, verdict.files, verdict.read_bytes, by or "--verify", previous_gone)
+        template = self.config.verify
+        if verdict.ok:
+            self._verified_files = {action.path: verdict.files}  # what the next one's previous holds
+        if not verdict.ok or template is None:
+            self._verify_job = None
+            self._feed(answer._replace(by=by or "nothing"))
+            return
+
+        def ended(helper: upload.UploadProcess, exited: core.ChildExited) -> None:
+            if job is not self._verify_job:
+                return
+            self._verify_job = None
+            both = f"{by}, --verify" if by else "--verify"
+            checked = "; ".join(part for part in (verdict.checked if by else "", "--verify exited 0") if part)
+            if exited.code == 0:
+                self._feed(answer._replace(checked=checked, by=both))
+                return
+            how = f"killed by {exited.signal}" if exited.signal else f"exited with code {exited.code}"
+            last = f": {helper.tail[-1]}" if helper.tail else ""
+            self._feed(answer._replace(ok=False, by=both, checked=verdict.checked if by else "",
+                                       problem=f"--verify {how}{last}", fix=""))
+
+        started = self._start_helper(template, action.path, action.step, ended)
+        if isinstance(started, str):
+            self._verify_job = None
+            self._feed(answer._replace(ok=False, by="--verify", problem=f"--verify could not run: {started}",
+                                       fix="check the --verify command"))
+        else:
+            job.pid = started
+
+    def stop_verify(self, action: core.StopVerify) -> None:
+        """Give the verification up: its command is killed; a built-in check is left to end."""
+        job, self._verify_job = self._verify_job, None
+        signum = signal_number(action.signal)
+        found = self._helpers.get(job.pid) if job is not None and job.pid is not None else None
+        if found is not None and signum is not None:
+            found.process.signal(signum)
+
+    # ------------------------------------------------------------------ manifests
+    def write_manifest(self, action: core.WriteManifest) -> None:
+        """Beside the checkpoint, on a thread; its upload waits for it."""
+        self._manifest_writes.add(action.step)
+        earlier = dict(self._manifest_files)
+
+        def work() -> Callable[[], None]:
+            try:
+                written, error = checkpoints.write_manifest(action)
+            except OSError as exc:
+                written, error = "", f"{exc.strerror or exc}"
+            gone = checkpoints.remove_stale_manifests(earlier)
+            return lambda: self._manifest_written(action, written, error, gone)
+
+        self._off_loop(work, "esiwrap-manifest")
+
+    def _manifest_written(self, action: core.WriteManifest, written: str, error: str,
+                          gone: list[str]) -> None:
+        self._manifest_writes.discard(action.step)
+        for path in gone:
+            self._manifest_files.pop(path, None)
+        if written:
+            self._manifest_files[action.path] = written
+            self._manifests = {step: f for step, f in self._manifests.items() if step >= action.step - 100}
+            self._manifests[action.step] = written
+        if error:
+            self.logger.warning(ev.MANIFEST_NOT_WRITTEN, path=checkpoints.manifest_path(action.path)
+                                if action.path else None, error=error, written_to=written or None)
+        waiting = self._waiting_uploads.pop(action.step, None)
+        if waiting is not None:
+            self.start_upload(waiting)
+
+    # ------------------------------------------------------------------ before the command: the way back
+    def look_for_checkpoint(self, action: core.LookForCheckpoint) -> None:
+        self._held = True
+        path = action.path
+
+        def work() -> Callable[[], None]:
+            here = checkpoints.present(path)
+            return lambda: self._feed(core.CheckpointLooked(path, here))
+
+        self._off_loop(work, "esiwrap-look")
+
+    def fetch_manifests(self, action: core.FetchManifests) -> None:
+        """Run --restore-manifests into an empty directory, then read what it put there."""
+        self._held = True
+        template = self.config.restore_manifests
+        if template is None:
+            self._feed(core.ManifestsFetched(None, error="no --restore-manifests command"))
+            return
+        directory = checkpoints.empty_dir()
+
+        def ended(helper: upload.UploadProcess, exited: core.ChildExited) -> None:
+            self._restore_pid = None
+            tail = tuple(helper.tail)
+
+            def work() -> Callable[[], None]:
+                found, rejected = checkpoints.read_manifests(directory, self._clock())
+                checkpoints.remove_dir(directory)
+                return lambda: self._feed(core.ManifestsFetched(exited.code, exited.signal, tuple(found),
+                                                                tuple(rejected), tail))
+
+            self._off_loop(work, "esiwrap-manifests")
+
+        started = self._start_helper(template, "", 0, ended, directory=directory)
+        if isinstance(started, str):
+            checkpoints.remove_dir(directory)
+            self._feed(core.ManifestsFetched(None, error=started))
+        else:
+            self._restore_pid = started
+
+    def start_restore(self, action: core.StartRestore) -> None:
+        self._held = True
+        template = self.config.restore
+        if template is None:
+            self._feed(core.RestoreExited(0, None, error="no --restore command"))
+            return
+        checkpoints.prepare_restore(action.path)
+
+        def ended(helper: upload.UploadProcess, exited: core.ChildExited) -> None:
+            self._restore_pid = None
+            self._feed(core.RestoreExited(exited.pid, exited.code, exited.signal, tuple(helper.tail)))
+
+        started = self._start_helper(template, action.path, action.step, ended)
+        if isinstance(started, str):
+            self._feed(core.RestoreExited(0, None, error=started))
+            return
+        self._restore_pid = started
+        self._feed(core.RestoreStarted(started))
+
+    def stop_restore(self, action: core.StopRestore) -> None:
+        signum = signal_number(action.signal)
+        found = self._helpers.get(self._restore_pid) if self._restore_pid is not None else None
+        if found is not None and signum is not None:
+            found.process.signal(signum)
+
+    def start_command(self, action: core.StartCommand) -> None:
+        """The checkpoint is back (or need not be): the command starts now."""
+        self._held = False
+        if self._child_pid is None:
+            self._start_child()
+
     def release_capacity(self, action: core.ReleaseCapacity) -> None:
         """On the way out with exit 75: each source may let its platform go ahead. Only the
         exit waits for it (the child's tree is gone), each source bounding its own time."""
@@ -410,14 +682,15 @@ class Supervisor(Effects):
                 log(ev.CAPACITY_RELEASED, source=source.name, ok=released.ok, detail=released.detail)
 
     def _tree_remaining(self) -> list[Any]:
-        """The child's tree as the stop sequence sees it: without the upload helper, whose end the
-        controller decides (it may have to outlast the child)."""
+        """The child's tree as the stop sequence sees it: without the helpers (upload, verify),
+        whose end the controller decides (they may have to outlast the child)."""
         remaining = self._tree.remaining()
-        running = self._upload
-        if running is None:
+        helpers = [*([self._upload.pid] if self._upload is not None else []), *self._helpers]
+        if not helpers:
             return remaining
-        helper = {running.pid, *(p.pid for p in process.descendants(running.pid))}
-        return [p for p in remaining if p.pid not in helper]
+        theirs = {pid for helper in helpers
+                  for pid in (helper, *(p.pid for p in process.descendants(helper)))}
+        return [p for p in remaining if p.pid not in theirs]
 
     def _forward_stop_signal(self) -> None:
         child = self._child_pid
@@ -453,6 +726,8 @@ class Supervisor(Effects):
                                           m.error))
         while not self._background.empty():
             self._feed(self._background.get_nowait())
+        while not self._calls.empty():
+            self._calls.get_nowait()()
 
     def _on_channel(self, _: selectors.SelectorKey) -> None:
         """What trainers said (`esiwrap.shell.channel`: what may not be believed is refused there,
@@ -472,12 +747,14 @@ class Supervisor(Effects):
         if pid in self._trainer_fds:
             return
         fd = process.open_pidfd(pid)
-        if fd is None:
-            return  # no pidfd here (old kernel) or already gone; reaping or a bye will tell
+        if fd is None:  # no pidfd here (old kernel) or already gone: reaping tells, or the stop's look
+            self._trainers_polled.add(pid)
+            return
         self._trainer_fds[pid] = fd
         self._selector.register(fd, selectors.EVENT_READ, lambda _key, pid=pid: self._trainer_exited(pid))
 
     def _trainer_exited(self, pid: int) -> None:
+        self._trainers_polled.discard(pid)
         self._forget_trainer(pid)
         self._feed(core.TrainerGone(pid))
 
@@ -507,7 +784,9 @@ class Supervisor(Effects):
                 self._feed(_child_exited(pid, status))
             elif self._upload is not None and pid == self._upload.pid:
                 self._upload_reaped(status)
-            elif pid in self._trainer_fds:
+            elif pid in self._helpers:
+                self._helper_reaped(pid, status)
+            elif pid in self._trainer_fds or pid in self._trainers_polled:
                 self._trainer_exited(pid)
 
     # ------------------------------------------------------------------ systemd

@@ -1,8 +1,10 @@
-"""The `--upload` helper: the user's command for one checkpoint, as esiwrap's own child process.
+"""The `--upload` helper: the user's command for one checkpoint, as esiwrap's own child process; the
+`--verify`, `--restore` and `--restore-manifests` commands run the same way.
 
 The command runs through `/bin/sh -c`, with `{path}` and `{step}` replaced (the path shell-quoted,
-so a path with spaces or quotes is one word) and `ESIWRAP_CHECKPOINT_PATH` /
-`ESIWRAP_CHECKPOINT_STEP` in its environment. It runs in a session and process group of its own
+so a path with spaces or quotes is one word; `{manifest}` and `{dir}` likewise) and
+`ESIWRAP_CHECKPOINT_PATH` / `ESIWRAP_CHECKPOINT_STEP` (`ESIWRAP_MANIFEST`, `ESIWRAP_MANIFEST_DIR`)
+in its environment. It runs in a session and process group of its own
 (a cut-off reaches everything it started), with no input; its standard output goes to esiwrap's
 stderr, and its stderr through a pipe that the supervisor's loop reads: each line is passed on to
 esiwrap's stderr whole, in order with esiwrap's own log lines (`esiwrap.shell.log.passthrough`), and
@@ -21,18 +23,21 @@ import shlex
 import subprocess
 from collections.abc import Mapping
 
-from esiwrap.envvars import CHECKPOINT_PATH_ENV, CHECKPOINT_STEP_ENV
+from esiwrap.envvars import CHECKPOINT_PATH_ENV, CHECKPOINT_STEP_ENV, MANIFEST_DIR_ENV, MANIFEST_ENV
 from esiwrap.shell import log
 
 SHELL = "/bin/sh"
 TAIL_LINES = 20  # the last lines of stderr kept for upload_failed
 MAX_LINE = 4096  # a longer line without a newline is passed on in pieces
-_PLACEHOLDER = re.compile(r"\{(path|step)\}")
+_PLACEHOLDER = re.compile(r"\{(path|step|manifest|dir)\}")
 
 
-def render(template: str, path: str, step: int) -> str:
-    """The command line for this checkpoint: `{path}` shell-quoted, `{step}` the number."""
-    return _PLACEHOLDER.sub(lambda m: shlex.quote(path) if m.group(1) == "path" else str(step), template)
+def render(template: str, path: str, step: int, *, manifest: str = "", directory: str = "") -> str:
+    """The command line for this checkpoint: `{path}` shell-quoted, `{step}` the number; `{manifest}`
+    and `{dir}` shell-quoted."""
+    values = {"path": shlex.quote(path), "step": str(step), "manifest": shlex.quote(manifest),
+              "dir": shlex.quote(directory)}
+    return _PLACEHOLDER.sub(lambda m: values[m.group(1)], template)
 
 
 def needs_path(template: str) -> bool:
@@ -53,11 +58,16 @@ class UploadProcess:
 
     @classmethod
     def start(cls, template: str, path: str, step: int, environ: Mapping[str, str],
-              out_fd: int = 2) -> UploadProcess:
+              out_fd: int = 2, *, manifest: str = "", directory: str = "") -> UploadProcess:
         """Start the command; OSError when it cannot be (no /bin/sh, no processes left)."""
         env = {**environ, CHECKPOINT_PATH_ENV: path, CHECKPOINT_STEP_ENV: str(step)}
+        if manifest:
+            env[MANIFEST_ENV] = manifest
+        if directory:
+            env[MANIFEST_DIR_ENV] = directory
+        command = render(template, path, step, manifest=manifest, directory=directory)
         proc = subprocess.Popen(
-            [SHELL, "-c", render(template, path, step)], stdin=subprocess.DEVNULL, stdout=out_fd,
+            [SHELL, "-c", command], stdin=subprocess.DEVNULL, stdout=out_fd,
             stderr=subprocess.PIPE, env=env, start_new_session=True, close_fds=True,
         )
         proc.returncode = 0  # esiwrap reaps with waitpid(-1); keep Popen from reaping or warning

@@ -12,6 +12,11 @@ durable save holds. With uploads (`Trace.uploads`, the run has `--upload`), a ch
 only once its upload ended before reclamation; the controller starts each upload (`StartUpload`),
 one at a time, and they go on after training stops, until the controller exits.
 
+A simulated checkpoint has no files: it is whole by construction. A trace that gives verification
+times (`Trace.verify_s`) runs with verification, and its world answers each `VerifyCheckpoint`
+after that time, valid; a trace that gives none (every family of `benchmarks/traces.py`) runs
+without it, as its plans were made.
+
 `benchmarks/simulate.py` replays synthetic traces against verl's rule and an oracle;
 `esiwrap report --what-if` replays a real run's measured durations with other settings.
 """
@@ -66,6 +71,8 @@ class Trace:
     prior_uploads: tuple[float, ...] = ()  # the previous run's state file: measured uploads
     prior_runs: tuple[RunRecord, ...] = ()  # ...and the job's history of runs (`esiwrap.core.history`)
     prior_runs_at: float = 0.0  # when this run starts, on the history's clock
+    verify_s: list[float] | None = None  # verification: step k's checkpoint: verify_s[index(k)]
+
     start_step: int = 0  # the step the trainer resumed from (0: from scratch); its first is the next
     run_id: str = ""  # a run of a job (`benchmarks/jobs.py`): its runs share a state file, as with
     # `--state-file`; its clock is the job's (it starts at prior_runs_at), the no-progress guard may
@@ -259,6 +266,7 @@ class _Shell(Effects):
         self.exited = False
         self.in_flight: Write | None = None
         self.upload: tuple[int, float, float] | None = None  # step, began, ends
+        self.verify: tuple[core.VerifyCheckpoint, float] | None = None  # the check, when it ends
         self.changes = sorted(trace.changes, key=lambda c: c.at)
         self.capacity = trace.capacity
         if trace.run_id:
@@ -340,6 +348,35 @@ class _Shell(Effects):
     def check_filesystem(self, action: core.CheckFilesystem) -> None:
         pass  # the simulated checkpoint is on storage that outlives the run
 
+    def verify_checkpoint(self, action: core.VerifyCheckpoint) -> None:
+        """Whole by construction: valid, after the trace's time (at once when it is 0)."""
+        took = self.trace.verify_s[self.trace.index(action.step)] if self.trace.verify_s else 0.0
+        if took <= 0.0:
+            self.runner.feed(_valid(action))
+        else:
+            self.verify = (action, self.now + took)
+
+    def stop_verify(self, action: core.StopVerify) -> None:
+        self.verify = None  # given up: its answer never comes
+
+    def write_manifest(self, action: core.WriteManifest) -> None:
+        pass  # no files: the next run's state is `benchmarks/jobs.py`'s
+
+    def look_for_checkpoint(self, action: core.LookForCheckpoint) -> None:
+        _not_simulated(action)
+
+    def fetch_manifests(self, action: core.FetchManifests) -> None:
+        _not_simulated(action)
+
+    def start_restore(self, action: core.StartRestore) -> None:
+        _not_simulated(action)
+
+    def stop_restore(self, action: core.StopRestore) -> None:
+        _not_simulated(action)
+
+    def start_command(self, action: core.StartCommand) -> None:
+        _not_simulated(action)
+
     def release_capacity(self, action: core.ReleaseCapacity) -> None:
         pass
 
@@ -351,19 +388,24 @@ class _Shell(Effects):
 
     def advance(self, until: float, *, after_stop: bool = False) -> None:
         """Timers, deadline announcements, a write becoming durable and an upload ending, up to
-        `until`, in order (`after_stop`: training is over, the uploads and the timers go on)."""
+        `until`, in order (`after_stop`: training is over, the uploads and the timers go on). Never
+        past the capacity's reclamation: nothing of the run happens after it."""
+        until = min(until, self.trace.reclaim_at)
         while not self.exited and (after_stop or not self.stopped):
             wait = self.runner.wake_in()
             timer = math.inf if wait is None else self.now + wait
             change_at = self.changes[0].at if self.changes and not after_stop else math.inf
             durable_at = self.in_flight.durable if self.in_flight is not None else math.inf
             upload_at = self.upload[2] if self.upload is not None else math.inf
-            first = min(timer, change_at, durable_at, upload_at)
+            verify_at = self.verify[1] if self.verify is not None else math.inf
+            first = min(timer, change_at, durable_at, upload_at, verify_at)
             if first > until:
                 break
             self.now = max(self.now, first)
             if durable_at == first:
                 self.finish_write()
+            elif verify_at == first:
+                self.finish_verify()
             elif upload_at == first:
                 self.finish_upload()
             elif change_at == first:
@@ -371,6 +413,12 @@ class _Shell(Effects):
             else:
                 self.runner.wake()
         self.now = max(self.now, until)
+
+    def finish_verify(self) -> None:
+        assert self.verify is not None
+        action, _ = self.verify
+        self.verify = None
+        self.feed(_valid(action))
 
     def finish_upload(self) -> None:
         assert self.upload is not None
@@ -382,9 +430,9 @@ class _Shell(Effects):
             self.exited = True
 
     def wind_down(self) -> None:
-        """Training is over: the child's tree is gone, the uploads finish or are cut off; in a job,
-        the run's end is what the state file keeps."""
-        if self.trace.uploads is None:
+        """Training is over: the child's tree is gone, the verifications and uploads finish or are
+        cut off; in a job, the run's end is what the state file keeps."""
+        if self.trace.uploads is None and self.trace.verify_s is None:
             if self.trace.run_id and self.controller.stop is not None and not self.exited \
                     and self.now <= self.trace.reclaim_at:
                 self.feed(core.ChildExited(TRAINER_PID, 0))
@@ -399,10 +447,15 @@ class _Shell(Effects):
         while not self.exited and self.now <= self.trace.reclaim_at:
             wait = self.runner.wake_in()
             nxt = min(self.now + wait if wait is not None else math.inf,
-                      self.upload[2] if self.upload is not None else math.inf)
-            if nxt == math.inf:
+                      self.upload[2] if self.upload is not None else math.inf,
+                      self.verify[1] if self.verify is not None else math.inf)
+            if nxt > self.trace.reclaim_at:
                 break
             self.advance(nxt, after_stop=True)
+        if self.upload is not None:  # cut off by the reclamation: its time counts until then
+            step, began, ends = self.upload
+            self.upload = None
+            self.tally.uploaded(step, began, ends)
 
     def _answer(self, deadline: float) -> Answer:
         return Answer("sim", deadline=Deadline(at=self.wall0 + deadline, source="sim"),
@@ -413,7 +466,8 @@ class _Shell(Effects):
         assert write is not None
         self.in_flight = None
         if self.tally.durable(write):
-            self.feed(core.SaveEnd(TRAINER_PID, write.step, duration_s=write.durable - write.begins))
+            self.feed(core.SaveEnd(TRAINER_PID, write.step, duration_s=write.durable - write.begins,
+                                   path=_path(self.trace, write.step)))
 
 
 def replay(trace: Trace, config: PolicyConfig | ControllerConfig) -> Outcome:
@@ -421,6 +475,8 @@ def replay(trace: Trace, config: PolicyConfig | ControllerConfig) -> Outcome:
     full = config if isinstance(config, ControllerConfig) else ControllerConfig(policy=config)
     if trace.uploads is not None and not full.uploads:  # a run with uploads is a run with --upload
         full = replace(full, policy=replace(full.policy, uploads=True))
+    if (trace.verify_s is not None) != full.verifies:  # checked where the trace says how long it takes
+        full = replace(full, policy=replace(full.policy, verify=trace.verify_s is not None))
     shell = _Shell(trace, full, tally)
     if shell.exited:  # the no-progress guard kept it from starting
         return replace(tally.outcome(), state=shell.kept, not_started=True)
@@ -446,6 +502,21 @@ def replay(trace: Trace, config: PolicyConfig | ControllerConfig) -> Outcome:
     return replace(tally.outcome(), state=shell.kept)
 
 
+def _path(trace: Trace, step: int) -> str:
+    """Where a simulated checkpoint is: nowhere, unless the trace verifies it (it must be named)."""
+    return f"sim/step_{step}" if trace.verify_s is not None else ""
+
+
+def _valid(action: core.VerifyCheckpoint) -> core.CheckpointVerified:
+    return core.CheckpointVerified(action.step, action.path, True, format="simulated",
+                                   checked="nothing: no files")
+
+
+def _not_simulated(action: core.Action) -> None:
+    msg = f"the simulator does not restore: {action!r} (a replay starts with its checkpoint in place)"
+    raise NotImplementedError(msg)
+
+
 def _save(shell: _Shell, tally: Tally, trace: Trace, step: int) -> bool:
     """The trainer saves at this boundary; False when the run ended during the save."""
     shell.feed(core.SaveBegin(TRAINER_PID, step))
@@ -465,5 +536,6 @@ def _save(shell: _Shell, tally: Tally, trace: Trace, step: int) -> bool:
         return False  # stopped while saving: the save never completed
     if not tally.durable(write):
         return False
-    shell.feed(core.SaveEnd(TRAINER_PID, step, duration_s=write.durable - write.begins))
+    shell.feed(core.SaveEnd(TRAINER_PID, step, duration_s=write.durable - write.begins,
+                            path=_path(trace, step)))
     return True

@@ -37,6 +37,7 @@ from esiwrap.errors import (
     EXIT_FAILURE,
     EXIT_NOT_EXECUTABLE,
     EXIT_NOT_FOUND,
+    EXIT_NOT_RESTORED,
     EXIT_NOT_UPLOADED,
     EXIT_OK,
     EXIT_SAVE_MISSED,
@@ -53,7 +54,8 @@ EXIT_MEANINGS = {
     EXIT_OK: "the command finished",
     EXIT_CHECKPOINTED: "stopped after a completed checkpoint: resume on the next instance",
     EXIT_NOT_UPLOADED: "checkpoint complete on local storage only: its upload did not finish",
-    EXIT_SAVE_MISSED: "no acknowledged checkpoint before the deadline",
+    EXIT_SAVE_MISSED: "no acknowledged checkpoint before the deadline (or none that passed its checks)",
+    EXIT_NOT_RESTORED: "not started: --restore could not bring the job's checkpoint back",
     EXIT_USAGE: "usage error",
     EXIT_FAILURE: "esiwrap failed, or the command exited with 1",
     EXIT_NOT_EXECUTABLE: "the command is not executable",
@@ -281,7 +283,9 @@ def _ending(report: RunReport, events: Sequence[Event]) -> None:
         name = e["event"]
         if name == ev.CHILD_STOPPING and report.stop is None:
             report.stop = {"at": e["timestamp"], "signal": e.get("signal"), "reason": e.get("reason"),
-                           "grace_s": e.get("grace_s")}
+                           "grace_s": e.get("grace_s"), "first": e.get("first") or []}
+        elif name == ev.CHILD_STOP_SIGNALLED and report.stop is not None:
+            report.stop["child_at"] = e["timestamp"]
         elif name == ev.CHILD_KILLED and report.stop is not None:
             report.stop["killed"] = e.get("pids")
         elif name == ev.CHILD_EXITED:
@@ -674,8 +678,16 @@ def _render_stop(run: RunReport) -> list[str]:
     rows = []
     if run.stop is not None:
         killed = f", SIGKILL to {run.stop['killed']}" if run.stop.get("killed") else ""
-        rows.append(_row("stop", f"{_clock(run.stop['at'])} {run.stop['signal']} to the command "
-                         f"({run.stop['reason']}){killed}"))
+        first = [f"{t.get('signal')} to pid {t.get('pid')}" for t in run.stop.get("first", [])
+                 if isinstance(t, dict)]
+        if not first:
+            what = f"{run.stop['signal']} to the command"
+        elif run.stop.get("child_at"):
+            what = (f"{', '.join(first)} first (the trainer below the command), then {run.stop['signal']} "
+                    f"to the command at {_clock(run.stop['child_at'])}")
+        else:
+            what = f"{', '.join(first)} first (the trainer below the command); the command not signalled"
+        rows.append(_row("stop", f"{_clock(run.stop['at'])} {what} ({run.stop['reason']}){killed}"))
     if run.child_exit is not None:
         how = (f"code {run.child_exit['code']}" if run.child_exit.get("signal") is None
                else f"killed by {run.child_exit['signal']}")

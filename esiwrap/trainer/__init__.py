@@ -157,6 +157,18 @@ def install(
         _state.bye_registered = True
 
 
+def say_bye_at_exit(client: ChannelClient, signum: int) -> None:
+    """For a process that said hello to esiwrap on `client` without `install()` (esiwrap's verl
+    and Ray hooks: the Ray driver's relay, a TaskRunner signalled directly), handling `signum`
+    itself: the end `install()` gives, once per process whoever asks (`_say_bye`)."""
+    if _state.hello_pid != os.getpid():  # install() said no hello here: this client says bye
+        _state.client = client
+    _state.hello_pid, _state.bye_signum = os.getpid(), signum
+    if not _state.bye_registered:
+        atexit.register(_say_bye)
+        _state.bye_registered = True
+
+
 def _say_bye() -> None:
     """The process ends (atexit, from `sys.exit`, the end of the script or an uncaught exception):
     ignore the save signal from now on, then tell esiwrap `bye`, so that it sends no more.

@@ -97,6 +97,7 @@ class Hello(NamedTuple):
     resumed_from: str | None = None  # the checkpoint this run started from
     nodes: int | None = None  # the nodes its job spans (torchrun: world size / local world size)
     relay: bool = False  # it also forwards other processes' messages (the Ray driver, `ray_relay`)
+    cannot_save: str | None = None  # with saves=False: why it cannot save on request, and what to do
     extra: Fields = NO_FIELDS  # any other field, kept as sent (logged with `trainer_attached`)
 
 

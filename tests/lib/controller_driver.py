@@ -33,6 +33,8 @@ class Recording(Effects):
     log = send_signal = stop_child = kill_tree = term_leftovers = check_tree = keep_state = _record
     notify_stopping = extend_stop_timeout = probe_storage = start_upload = stop_upload = _record
     check_filesystem = release_capacity = refuse_message = resolve_deadline = exit = _record
+    verify_checkpoint = stop_verify = write_manifest = look_for_checkpoint = fetch_manifests = _record
+    start_restore = stop_restore = start_command = _record
 
 
 class Driver:

@@ -5,8 +5,11 @@ with the supervisor's own runner (`esiwrap.core.runner`: every waiting input, th
 timers, once), through the simulator's shell and the tests' driver, along the
 simulator's seeded traces (every family, at 1 h and 8 h, with the default policy and with
 `--after-save linger`, `--after-save continue` and `--no-final-save`) and through seeded random
-input sequences like those of the property tests (`test_controller_properties.py`). Each call is
-written twice, apart:
+input sequences like those of the property tests (`test_controller_properties.py`); then the
+checkpoint's own decisions: some families' traces again with the simulator's world answering every
+verification at once, valid (`verified` sections), and seeded random sequences that verify
+(checkpoints valid, invalid, answered late or never) and that restore before the command starts.
+Each call is written twice, apart:
 
     decisions   `H`/`T`/`F` (an input handled, the timers fired, the shell leaving), the time, the
                 input, and the actions that are not log lines (`repr`: every field); after each
@@ -32,7 +35,7 @@ import os
 import random
 import sys
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import ClassVar
 
@@ -40,13 +43,17 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1] / "benchmarks"))
 sys.path.insert(0, str(HERE))
 
-from controller_driver import CHILD, Driver  # noqa: E402
+import controller_driver  # noqa: E402
+from controller_driver import CHILD, T0, Driver  # noqa: E402
 from traces import FAMILIES, Params, generate  # noqa: E402
 
 from esiwrap.cli.options import RUN_OPTIONS, build_run_parser, controller_config  # noqa: E402
 from esiwrap.core import controller as core  # noqa: E402
-from esiwrap.core.controller import Controller, ControllerConfig, Now  # noqa: E402
+from esiwrap.core import manifest as manifests  # noqa: E402
+from esiwrap.core.controller import Checkpoint, Controller, ControllerConfig, Now  # noqa: E402
+from esiwrap.core.controller.job import Job  # noqa: E402
 from esiwrap.core.policy import PolicyConfig  # noqa: E402
+from esiwrap.core.state import JobState  # noqa: E402
 from esiwrap.optiontypes import resolve_options  # noqa: E402
 from esiwrap.tools import replay as replay_module  # noqa: E402
 
@@ -55,6 +62,9 @@ KINDS = ("decisions", "logs")
 CONFIGS = ("", "--after-save linger", "--after-save continue", "--no-final-save")
 HORIZONS = {"1h": (3600.0, 3), "8h": (28_800.0, 1)}  # horizon: (seconds, runs per family)
 RANDOM_SEQUENCES = 400
+VERIFIED_FAMILIES = ("constant", "async", "resumed", "upload", "upload-resumed")
+VERIFY_SEQUENCES = 150
+RESTORE_SEQUENCES = 100
 
 
 @dataclass
@@ -174,16 +184,114 @@ def random_sequence(seed: int) -> None:
             driver.feed(core.TreeChecked(rng.choice([0, 1, 3])))
 
 
+def verified_sections() -> Iterator[tuple[str, Callable[[], None]]]:
+    """Some families again, in a world that answers every verification at once, valid."""
+    config = _config("")
+    for horizon, (seconds, _) in HORIZONS.items():
+        for family in VERIFIED_FAMILIES:
+            scenario = generate(family, 0, 1, Params(horizon_s=seconds))
+            verified = replace(scenario, verify_s=[0.0] * len(scenario.steps))
+            yield (f"sim {horizon} {family} #0 verified",
+                   lambda verified=verified: replay_module.replay(verified, config))
+
+
+def random_verify_sequence(seed: int) -> None:
+    """Inputs in any order with verification on: the shell's answers valid, invalid, late, stale."""
+    rng = random.Random(f"golden-verify:{seed}")
+    uploads = rng.random() < 0.3
+    config = ControllerConfig(
+        policy=PolicyConfig(redundant_s=rng.choice([0.0, 120.0]), save_duration_s=rng.choice([1.0, 60.0]),
+                            verify=True, verify_duration_s=rng.choice([0.5, 2.0, 30.0]), uploads=uploads),
+        after_save=rng.choice(["stop", "linger", "continue"]), stop_grace_s=rng.choice([5.0, 30.0]),
+        manifests=uploads)
+    driver = Driver(config)
+    asked: list[core.VerifyCheckpoint] = []
+    for _ in range(70):
+        if any(isinstance(a, core.Exit) for a in driver.actions):
+            return
+        asked = [a for a in driver.actions if isinstance(a, core.VerifyCheckpoint)] or asked
+        rule = rng.choices(["hello", "step", "begin", "end", "deadline", "signal", "time", "exit", "tree",
+                            "verified", "upload"], weights=[2, 8, 2, 3, 2, 1, 8, 1, 2, 5, 2])[0]
+        if rule == "hello":
+            driver.feed(core.Hello(CHILD))
+        elif rule == "step":
+            driver.feed(core.Step(CHILD, rng.randint(0, 50), rng.uniform(0.0, 600.0)))
+        elif rule == "begin":
+            driver.feed(core.SaveBegin(CHILD, rng.randint(0, 50)))
+        elif rule == "end":
+            step = rng.randint(0, 50)
+            driver.feed(core.SaveEnd(CHILD, step, duration_s=rng.uniform(0.0, 600.0),
+                                     path=rng.choice(["", f"/ckpt/{step}", "/ckpt/latest.pt"])))
+        elif rule == "deadline":
+            driver.deadline(rng.uniform(-60.0, 7200.0))
+        elif rule == "signal":
+            driver.feed(core.SignalReceived(rng.choice(["SIGTERM", "SIGINT", "SIGUSR1"])))
+        elif rule == "time":
+            driver.advance(rng.uniform(0.0, 600.0))
+        elif rule == "exit":
+            driver.feed(core.ChildExited(CHILD, rng.choice([0, 1, None]), None, 0))
+        elif rule == "tree" and driver.controller.mode in (core.Mode.STOPPING, core.Mode.KILLING):
+            driver.feed(core.TreeChecked(rng.choice([0, 1])))
+        elif rule == "verified" and asked:
+            check = rng.choice(asked[-2:])
+            driver.feed(core.CheckpointVerified(check.step, check.path, rng.random() < 0.6, format="torch",
+                                                problem="cut short", previous_gone=rng.random() < 0.1))
+        elif rule == "upload" and uploads:
+            driver.feed(rng.choice([core.UploadStarted(9001), core.UploadExited(9001, rng.choice([0, 1]))]))
+
+
+def random_restore_sequence(seed: int) -> None:
+    """Before the command starts, with --restore: a checkpoint known or found in manifests, here or
+    not, its restore failing, coming back valid or not, cut off by the deadline or a signal."""
+    rng = random.Random(f"golden-restore:{seed}")
+    checkpoint = Checkpoint(rng.randint(1, 5000), T0 - 600.0, rng.choice(["/ckpt/global_step_9", ""]))
+    state = JobState(steps=(10.0,) * 3, saves=(20.0,), updated_at=T0 - 60.0, checkpoint=checkpoint,
+                     checkpoint_durable="upload") if rng.random() < 0.6 else None
+    config = ControllerConfig(policy=PolicyConfig(verify=True, redundant_s=60.0), restore=True,
+                              restore_manifests=rng.random() < 0.5, restore_optional=rng.random() < 0.3,
+                              state_file="/shared/state.json")
+    driver = Driver(start=False, controller=controller_driver.Controller(config, job=Job(state, T0)))
+    driver.feed(core.Launch())
+    for _ in range(25):
+        if any(isinstance(a, (core.Exit, core.StartCommand)) for a in driver.actions):
+            return
+        rule = rng.choice(["deadline", "looked", "manifests", "started", "exited", "verified", "time",
+                           "signal"])
+        asked = [a for a in driver.actions if isinstance(a, core.VerifyCheckpoint)]
+        if rule == "deadline":
+            driver.deadline(rng.uniform(60.0, 3600.0))
+        elif rule == "looked":
+            driver.feed(core.CheckpointLooked(checkpoint.path, rng.random() < 0.3))
+        elif rule == "manifests":
+            step = rng.randint(1, 100)
+            text = manifests.render(step, f"/ckpt/global_step_{step}", T0 - 100.0, run_id="r1")
+            found = (manifests.parse(text, T0),) if rng.random() < 0.7 else ()
+            driver.feed(core.ManifestsFetched(rng.choice([0, 0, 1]), manifests=found))
+        elif rule == "started":
+            driver.feed(core.RestoreStarted(6161))
+        elif rule == "exited":
+            driver.feed(core.RestoreExited(6161, rng.choice([0, 0, 1, None])))
+        elif rule == "verified" and asked:
+            driver.feed(core.CheckpointVerified(asked[-1].step, asked[-1].path, rng.random() < 0.6))
+        elif rule == "time":
+            driver.advance(rng.uniform(0.0, 120.0))
+        elif rule == "signal":
+            driver.feed(core.SignalReceived(rng.choice(["SIGTERM", "SIGUSR1", "SIGHUP"])))
+
+
 def sections() -> Iterator[tuple[str, Callable[[], None]]]:
     yield from simulator_sections()
     for seed in range(RANDOM_SEQUENCES):
         yield f"random #{seed}", lambda seed=seed: random_sequence(seed)
+    yield from verified_sections()
+    for seed in range(VERIFY_SEQUENCES):
+        yield f"random verify #{seed}", lambda seed=seed: random_verify_sequence(seed)
+    for seed in range(RESTORE_SEQUENCES):
+        yield f"random restore #{seed}", lambda seed=seed: random_restore_sequence(seed)
 
 
 def traced() -> Iterator[tuple[str, Trace]]:
     """Each section's name and its trace, the recording controller standing in for the real one."""
-    import controller_driver
-
     saved = replay_module.Controller, controller_driver.Controller
     replay_module.Controller = controller_driver.Controller = RecordingController  # type: ignore[misc]
     try:

@@ -30,12 +30,15 @@ COMMANDS: dict[str, str] = {
     "pip install './esiwrap[volcengine]'": "the Volcengine SDK comes from PyPI",
     "pip install './esiwrap-0.1.0-py3-none-any.whl[volcengine]'": "a built wheel with an extra: the "
     "Volcengine SDK comes from PyPI",
-    "pip install './esiwrap[verl]'": "verl 0.9.1 and its stack, gigabytes from PyPI",
+    "pip install './esiwrap[verl]'": "esiwrap alone, as the checkout install that runs here: the extra "
+    "holds no package, so the verl already installed stays as it is",
     "pip install './esiwrap[hf]'": "transformers comes from PyPI",
     "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu": "PyTorch's own "
     "index, which no test reaches",
     "pip install volcenginesdk-ecs volcenginesdk-core": "the Volcengine SDK alone (the hint when it is "
     "missing), from PyPI",
+    "pip install awscli": "the aws CLI from PyPI, in a venv of its own in the verl recipe's image (the "
+    "upload to TOS); the suite's `aws` is the test extra's",
     "pip install esiwrap": NOT_PUBLISHED,
     "pip install 'esiwrap[volcengine]'": NOT_PUBLISHED,
 }

@@ -1,4 +1,4 @@
-"""The wall-clock helper (tests/faketime.py) on real processes: a step moves what they read from
+"""The wall-clock helper (tests/lib/faketime.py) on real processes: a step moves what they read from
 the wall clock, by the step, at once, in every thread and every descendant; their monotonic
 clock and their timeouts keep real time.
 
@@ -48,7 +48,7 @@ class Answer:
 
 
 class ClockProbe:
-    """tests/children/clock_probe.py under the wall clock, asked one command at a time."""
+    """tests/lib/children/clock_probe.py under the wall clock, asked one command at a time."""
 
     def __init__(self, env: dict[str, str], stderr: Path, via_child: bool = False) -> None:
         self.stderr = stderr

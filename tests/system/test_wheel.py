@@ -1,5 +1,5 @@
 """The package a user would `pip install`, installed as the README and the docs say, each command as
-written (`tests/install_commands.py`), in a folder holding a copy of the tree named `esiwrap` (the
+written (`tests/lib/install_commands.py`), in a folder holding a copy of the tree named `esiwrap` (the
 docs' clone): the sdist and the wheel built by `python -m build esiwrap` (the wheel from the
 sdist), their metadata and contents checked, and the wheel installed alone into a fresh venv (its
 core dependencies only: no torch, no verl), where `esiwrap --version`, `esiwrap deadline --json`,
@@ -271,7 +271,7 @@ def test_an_extra_brings_its_dependencies(with_extra: Venv, tmp_path: Path) -> N
 
 
 def test_the_commands_run_here_are_the_ones_the_table_marks() -> None:
-    """What this module runs is what tests/install_commands.py says it runs (and no more)."""
+    """What this module runs is what tests/lib/install_commands.py says it runs (and no more)."""
     assert {c for c, how in COMMANDS.items() if how == RUN} == {FROM_WHEEL, FROM_CHECKOUT, WITH_EXTRA}
 
 

@@ -1,9 +1,9 @@
 """The decision core's decisions, pinned: a refactor changes none of them.
 
-`tests/golden_trace.py` drives the real controller in production's order through the simulator's
+`tests/lib/golden_trace.py` drives the real controller in production's order through the simulator's
 seeded traces and seeded random input sequences, and writes every call's decisions and log lines
-apart. A deliberate change of a decision rewrites `tests/golden/` (`PYTHONHASHSEED=0 python
-tests/golden_trace.py --update`) in the same commit; anything else that changes a line is a bug.
+apart. A deliberate change of a decision rewrites `tests/lib/golden/` (`PYTHONHASHSEED=0 python
+tests/lib/golden_trace.py --update`) in the same commit; anything else that changes a line is a bug.
 """
 
 from __future__ import annotations

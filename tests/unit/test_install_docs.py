@@ -1,5 +1,5 @@
 """The install commands the README and the docs give: each one is known to the suite
-(`tests/install_commands.py`), run in a fresh venv by tests/test_wheel.py or marked with why it
+(`tests/lib/install_commands.py`), run in a fresh venv by tests/system/test_wheel.py or marked with why it
 cannot run here, so a new, untested form fails; and what they say of torch and of PyPI holds."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ def test_the_scanner_finds_commands_in_code_blocks_and_inline_code() -> None:
 
 def test_every_install_command_of_the_docs_is_one_the_suite_knows() -> None:
     """Every `pip install` a reader is given (README.md, docs/) is in the suite's table, which
-    says whether tests/test_wheel.py runs it or why it cannot here; every entry of the table is
+    says whether tests/system/test_wheel.py runs it or why it cannot here; every entry of the table is
     still given somewhere (a stale one would hide a form nobody checks)."""
     given = {command: page.relative_to(ROOT) for page in pages(ROOT)
              for command in documented(page.read_text())}

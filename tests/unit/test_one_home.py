@@ -79,12 +79,18 @@ def test_options_read_from_the_environment_use_the_same_prefix_and_names() -> No
 
 def test_the_verl_hook_watches_the_modules_the_patcher_knows() -> None:
     """The post-import hook's list and the patcher's dispatch are one list: every watched module
-    is patched by one of verl's two loops, and nothing else (sitecustomize.py, which cannot import
-    esiwrap, spells the same list: see the test above)."""
-    from esiwrap.integrations import VERL_LEGACY_MODULES, VERL_TRAINER_MODULES, VERL_V1_MODULE
+    is patched by one of verl's loops, or is the metrics module (every loop's boundary), and
+    nothing else (sitecustomize.py, which cannot import esiwrap, spells the same list: see the
+    test above)."""
+    from esiwrap.integrations import (
+        VERL_LEGACY_MODULES,
+        VERL_METRICS_MODULE,
+        VERL_TRAINER_MODULES,
+        VERL_V1_MODULE,
+    )
 
-    assert set(VERL_TRAINER_MODULES) == {*VERL_LEGACY_MODULES, VERL_V1_MODULE}
-    assert len(VERL_TRAINER_MODULES) == len(set(VERL_TRAINER_MODULES)) == 4
+    assert set(VERL_TRAINER_MODULES) == {*VERL_LEGACY_MODULES, VERL_V1_MODULE, VERL_METRICS_MODULE}
+    assert len(VERL_TRAINER_MODULES) == len(set(VERL_TRAINER_MODULES)) == 6
     spelled = [f"{path.relative_to(PACKAGE)}:{node.lineno}"
                      for path, tree in package_sources(SITECUSTOMIZE)
                      for node in ast.walk(tree)
@@ -240,16 +246,23 @@ def test_every_default_of_the_core_has_one_home() -> None:
     `PolicyConfig`): built back from the options' defaults, it is the default configuration. Every
     field of it is an option's, or named here as one no option sets; a new field without its option
     (or a changed default in one place) fails."""
-    from dataclasses import fields
+    from dataclasses import fields, replace
 
     from esiwrap.cli import options
     from esiwrap.core.config import ControllerConfig
     from esiwrap.core.policy import PolicyConfig
 
     defaults = {opt.dest: opt.default for opt in options.ALL_RUN_OPTIONS}
-    assert options.controller_config(defaults) == ControllerConfig()
+    # One difference, on purpose: the core verifies a checkpoint only when told to (a caller
+    # without checkpoint files has nothing to check); the command line tells it to by default
+    # (--verify-builtin auto).
+    built = options.controller_config(defaults)
+    assert built.policy.verify and not PolicyConfig().verify
+    assert built == replace(ControllerConfig(), policy=replace(PolicyConfig(), verify=True))
     not_options = {"policy", "save_signal", "stop_signal", "probe_dir",  # set from --signal, ... --state-file
-                   "prior_sigma", "save_safety_factor", "final_save_factor", "uploads"}  # constants; --upload
+                   "prior_sigma", "save_safety_factor", "final_save_factor", "uploads",  # constants; --upload
+                   "verify", "verify_command",  # --verify-builtin, --verify
+                   "restore", "restore_manifests", "manifests"}  # whether --restore, ..., --upload are set
     named = set(options.POLICY_FIELDS.values()) | set(options.CONTROLLER_FIELDS.values())
     every = {f.name for f in fields(PolicyConfig)} | {f.name for f in fields(ControllerConfig)}
     assert every - named == not_options

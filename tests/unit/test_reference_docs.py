@@ -346,7 +346,7 @@ def test_help_names_every_exit_code_of_a_run() -> None:
     text = " ".join(esiwrap_help("--help").split())
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     for code in (errors.EXIT_NOT_UPLOADED, errors.EXIT_CHECKPOINTED, errors.EXIT_SAVE_MISSED,
-                 errors.EXIT_NO_PROGRESS, errors.EXIT_USAGE, errors.EXIT_FAILURE):
+                 errors.EXIT_NO_PROGRESS, errors.EXIT_NOT_RESTORED, errors.EXIT_USAGE, errors.EXIT_FAILURE):
         assert re.search(rf"(; |: ){code} ", text), code
         assert f"| **{code}** |" in readme or f"| {code} |" in readme, code
     assert "126/127" in text

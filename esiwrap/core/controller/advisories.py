@@ -65,7 +65,7 @@ def resume_causes(checkpoint: Checkpoint, fields: Mapping[str, Any]) -> list[str
         return _verl_resume_causes(checkpoint, path, fields)
     return [f"the trainer did not load the checkpoint of step {checkpoint.step} ({path}): check the "
             "path it resumes from", "the checkpoint must be on this instance: copy it back from where "
-            "--upload put it before the trainer starts"]
+            "--upload put it before the trainer starts (--restore CMD does it)"]
 
 
 def _verl_resume_causes(checkpoint: Checkpoint, path: str, fields: Mapping[str, Any]) -> list[str]:

@@ -42,6 +42,7 @@ class Progress:
     saves: int
     uploads: int
     uploads_failed: int
+    deadline_at: float | None = None  # the deadline known now (wall time)
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,8 @@ class Measured:
     uploads: Sequence[float]
     checkpoint: Checkpoint | None  # this run's last durable checkpoint, if any
     uploaded: bool  # ...durable because its upload completed (else: it completed)
+    verifies: Sequence[float] = ()
+    restores: Sequence[float] = ()
 
 
 class Job:
@@ -68,6 +71,7 @@ class Job:
         start_step = checkpoint.step if checkpoint is not None else None
         self.run = RunRecord(started_at, started_at, run_id, start_step=start_step, end_step=start_step,
                              host=host)
+        self.run_id, self.host = run_id, host
         self.argv = tuple(argv)
         self.max_no_progress_runs = max_no_progress_runs
         self.heartbeat_at: float | None = None  # monotonic: the record's next refresh, with a state file
@@ -91,6 +95,19 @@ class Job:
     def resume_from(self) -> Checkpoint | None:
         """The job's last durable checkpoint: where the trainer should resume."""
         return self.found.checkpoint if self.found is not None else None
+
+    def adopt(self, found: JobState) -> None:
+        """The job's state came back another way than the state file (a manifest beside the
+        checkpoint `--restore-manifests` found): this run starts from it, as from a state file.
+        The run that wrote the manifest left its record open (it was running, uploading): how it
+        ended after that is not known, so it is closed as `other` (its exposure counts, not as an
+        interruption without notice: every run of a job whose only survivor is a bucket would look
+        like one)."""
+        runs = tuple(replace(r, ending="other") if r.ending == "running" else r for r in found.runs)
+        self.found = replace(found, runs=runs).starting(self.run.started_at, self.host)
+        checkpoint = self.found.checkpoint
+        step = checkpoint.step if checkpoint is not None else None
+        self.run = replace(self.run, start_step=step, end_step=step)
 
     def guard(self) -> NoProgress | None:
         """The no-progress guard's verdict on the runs before this one (None: let it start). The
@@ -122,12 +139,14 @@ class Job:
         base = self.found or JobState()
         after = base.after_run(measured.steps, measured.saves, measured.blocking, now, self.argv,
                                uploads=measured.uploads, checkpoint=measured.checkpoint,
-                               uploaded=measured.uploaded)
+                               uploaded=measured.uploaded, verifies=measured.verifies,
+                               restores=measured.restores)
         run = replace(self.run, seen_at=now)
         if progress is not None:
             end_step = progress.durable_step if progress.durable_step is not None else run.start_step
             run = replace(run, nodes=max(1, progress.nodes), capacity=progress.capacity,
                           source=progress.source, end_step=end_step, saves=progress.saves,
-                          uploads=progress.uploads, uploads_failed=progress.uploads_failed)
+                          uploads=progress.uploads, uploads_failed=progress.uploads_failed,
+                          deadline_at=progress.deadline_at)
         self.run = run
         return after.with_run(run)

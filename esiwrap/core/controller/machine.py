@@ -5,14 +5,16 @@ Inputs go in with the time (`Now`: the wall clock for deadlines, the monotonic c
 actions come out (signal these PIDs, stop the child, log this, keep the job's state, exit). The
 parts keep their own state and never call one another: the deadline book (`deadlines`), the trainer
 roster (`roster`), the save cycle (`saves`, with `misses` for why one was missed), the plan
-(`planning`), uploads and durability (`uploads`), the stop sequence and the drain (`stopping`), the
-storage probe (`probe`) and the advice for people (`advisories`). The mode changes only by a move of
+(`planning`), verification (`verifying`), uploads and durability (`uploads`), the way back before the
+command starts (`restoring`), the stop sequence and the drain (`stopping`), the storage probe
+(`probe`) and the advice for people (`advisories`). The mode changes only by a move of
 the one table in `modes`; each part names its timers (`timers`), and one order says which fires.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
 from esiwrap import events as ev
@@ -27,6 +29,7 @@ from esiwrap.core.controller.outbox import Outbox, rounded, rounded_opt
 from esiwrap.core.controller.planning import Planner
 from esiwrap.core.controller.probe import StorageProbe
 from esiwrap.core.controller.protocol import (
+    LAUNCHER_EXIT_S,
     NEVER_BEGUN,
     NO_FIELDS,
     NOT_ATTACHED,
@@ -34,7 +37,9 @@ from esiwrap.core.controller.protocol import (
     SAID_BYE,
     TRAINER_REPORTS,
     Action,
+    CheckpointLooked,
     CheckpointSize,
+    CheckpointVerified,
     CheckTree,
     ChildExited,
     ChildStarted,
@@ -46,16 +51,20 @@ from esiwrap.core.controller.protocol import (
     Input,
     KeepState,
     Launch,
+    ManifestsFetched,
     NotifyStopping,
     Now,
     RefuseMessage,
     ReleaseCapacity,
     ResolveDeadline,
+    RestoreExited,
+    RestoreStarted,
     SaveBegin,
     SaveEnd,
     SaveSnapshot,
     SendSignal,
     SignalReceived,
+    StartCommand,
     Step,
     StopCause,
     StopChild,
@@ -66,12 +75,16 @@ from esiwrap.core.controller.protocol import (
     TreeChecked,
     UploadExited,
     UploadStarted,
+    WriteManifest,
 )
-from esiwrap.core.controller.roster import Roster, Trainer
+from esiwrap.core.controller.restoring import Outcome, Restoring
+from esiwrap.core.controller.roster import Roster, Trainer, second_stop_signal
 from esiwrap.core.controller.saves import SaveCycle, SaveRequest
 from esiwrap.core.controller.stopping import StopSequence, StopState
 from esiwrap.core.controller.timers import Timer, TimerName, first_due, wait_s
 from esiwrap.core.controller.uploads import Uploads
+from esiwrap.core.controller.verifying import Verdict, Verifications
+from esiwrap.core.manifest import Manifest
 from esiwrap.core.policy import (
     Observations,
     Prior,
@@ -81,8 +94,15 @@ from esiwrap.core.policy import (
     step_estimate_s,
 )
 from esiwrap.core.snapshot import Snapshot
+from esiwrap.core.state import JobState
 from esiwrap.core.values import Checkpoint, Deadline
-from esiwrap.errors import EXIT_CHECKPOINTED, EXIT_NO_PROGRESS, EXIT_NOT_UPLOADED, EXIT_SAVE_MISSED
+from esiwrap.errors import (
+    EXIT_CHECKPOINTED,
+    EXIT_NO_PROGRESS,
+    EXIT_NOT_RESTORED,
+    EXIT_NOT_UPLOADED,
+    EXIT_SAVE_MISSED,
+)
 
 MAX_FIRINGS = 8  # timers fired per wake-up: each firing changes the state; this only guards a bug
 
@@ -107,6 +127,8 @@ class Controller:
         self.saves = SaveCycle(self.out, self.obs)
         self.planner = Planner(self.out, self.obs, config.policy, config.stop_grace_s, config.after_save)
         self.uploads = Uploads(self.out, self.obs, config)
+        self.verifying = Verifications(self.out, self.obs, config)
+        self.restoring = Restoring(self.out, self.obs, config)
         self.stopping = StopSequence(self.out, config.stop_grace_s)
         self.probe = StorageProbe(self.out, self.obs, config.probe_storage, config.probe_dir)
         self.advisories = Advisories(self.out, config.stop_budget_s, resume_from)
@@ -122,14 +144,20 @@ class Controller:
             ChildExited: self._on_child_exited, TreeChecked: self._on_tree_checked,
             TrainingStart: self._on_training_start, UploadStarted: self._on_upload_started,
             UploadExited: self._on_upload_exited, FilesystemChecked: self._on_filesystem_checked,
+            CheckpointVerified: self._on_checkpoint_verified, CheckpointLooked: self._on_checkpoint_looked,
+            ManifestsFetched: self._on_manifests_fetched, RestoreStarted: self._on_restore_started,
+            RestoreExited: self._on_restore_exited,
         }
         self._timer_handlers: Mapping[TimerName, Callable[[Now], None]] = {
             "upload retry": self._on_upload_retry, "upload cut-off": self._on_upload_cut_off,
             "linger": self._on_linger, "ack wait": self._on_ack_wait, "stop": self._on_stop,
+            "child stop": self._on_child_stop,
             "deadline": self._on_deadline, "unattached stop": self._on_unattached_stop,
             "save signal": self._on_save_signal, "storage probe": self._on_storage_probe,
             "upload decision": self._on_upload_decision, "heartbeat": self._on_heartbeat,
             "overstay": self._on_overstay,
+            "verify cut-off": self._on_verify_cut_off, "restore cut-off": self._on_restore_cut_off,
+            "restore retry": self._on_restore_retry,
         }
 
     # ------------------------------------------------------------------ what others read
@@ -224,8 +252,10 @@ class Controller:
     # ------------------------------------------------------------------ timers
     def _timers(self) -> list[Timer]:
         mode, deadline = self.mode, self.book.deadline
-        return [*self.uploads.timers(mode is Mode.EXITED), *self.stopping.timers(mode),
-                *self.book.timers(mode),
+        restoring = self.restoring.timers(deadline) if mode is Mode.STARTING else []
+        exited = mode is Mode.EXITED
+        return [*self.uploads.timers(exited), *self.verifying.timers(exited), *restoring,
+                *self.stopping.timers(mode), *self.book.timers(mode),
                 *self.saves.timers(mode, deadline, self.config.stop_grace_s, self.roster.attached_once),
                 *self.planner.timers(mode, deadline), *self.probe.timers(mode, deadline),
                 *self.job.timers(mode)]
@@ -276,9 +306,13 @@ class Controller:
     # ------------------------------------------------------------------ the job
     def _on_launch(self, launch: Launch, now: Now) -> None:
         """Before the command starts: the job's last runs made no progress, so this one would not
-        either: say why and the fix, record it, and do not start (exit 78)."""
+        either: say why and the fix, record it, and do not start (exit 78). With `--restore`, the
+        job's checkpoint comes back first, where it is not on this instance."""
+        self.modes.move("launch")
         verdict = self.job.guard()
         if verdict is None:
+            if not (self.config.restore and self._begin_restore(now)):
+                self.modes.move("started")
             return
         self._log("error", ev.NO_PROGRESS, path=self.config.state_file,
                   limit=self.config.max_no_progress_runs, **verdict.fields())
@@ -294,24 +328,29 @@ class Controller:
 
     def _keep_state(self, now: Now) -> None:
         """The job's state as of now: this run's measurements, its durable checkpoint, its record."""
+        self.out.act(KeepState(self._state(now, self.uploads.durable, self.config.uploads)))
+
+    def _state(self, now: Now, durable: Checkpoint | None, uploaded: bool) -> JobState:
+        """The job's state as of now, with `durable` as its durable checkpoint."""
         obs, uploads = self.obs, self.uploads
         measured = Measured(tuple(obs.intervals), tuple(d for _, d in obs.saves), tuple(obs.blocking),
-                            tuple(obs.uploads), uploads.durable, self.config.uploads)
+                            tuple(obs.uploads), durable, uploaded, tuple(obs.verifies), tuple(obs.restores))
         progress = None
         if self.roster.child_pid is not None:
             deadline = self.book.deadline
             progress = Progress(obs.capacity.nodes, obs.capacity.kind, deadline.source if deadline else "",
-                                uploads.durable.step if uploads.durable else None, self.saves.completed_total,
-                                uploads.completed_total, uploads.failed_total)
-        self.out.act(KeepState(self.job.state(now.wall, progress, measured)))
+                                durable.step if durable else None, self.saves.completed_total,
+                                uploads.completed_total, uploads.failed_total,
+                                deadline.at if deadline else None)
+        return self.job.state(now.wall, progress, measured)
 
     # ------------------------------------------------------------------ the child and its trainers
     def _on_child_started(self, started: ChildStarted, now: Now) -> None:
         self.roster.child_started(started.pid)
-        if started.settings:  # on a line of their own: every other line stays short
-            self._log("info", ev.SETTINGS, settings=dict(started.settings))
         host = {"host": started.host} if started.host else {}
         self._log("info", ev.CHILD_STARTED, pid=started.pid, argv=list(started.argv), **host)
+        if started.settings:  # on a line of their own, the next one: every other line stays short
+            self._log("info", ev.SETTINGS, settings=dict(started.settings))
         if self.config.state_file is not None:  # this run in the job's history, from its start
             self.job.beating(now.mono)
             self._keep_state(now)
@@ -319,6 +358,10 @@ class Controller:
     def _on_hello(self, hello: Hello, now: Now) -> None:
         if not hello.descendant:  # signalled or not, waited for or not: only our own tree speaks
             self.out.act(RefuseMessage(hello, NOT_IN_TREE))
+            if hello.stop_signal is not None:
+                self._stop_signal_not_honoured(
+                    hello.pid, [hello.stop_signal], None,
+                    "not in esiwrap's process tree: esiwrap signals only its own tree")
             return
         if self.roster.has_left(hello.pid):
             # sent before its bye and come late (another client of the same process, kept while
@@ -326,9 +369,17 @@ class Controller:
             self.out.act(RefuseMessage(hello, SAID_BYE))
             return
         self._late_first_hello(hello, now)
+        earlier = second_stop_signal(self.roster.trainers.get(hello.pid), hello)
         more_nodes = self.roster.attach(hello, now.wall)
         self._log("info", ev.TRAINER_ATTACHED, pid=hello.pid, **hello.fields)
+        if earlier is not None:
+            self._stop_signal_not_honoured(hello.pid, [earlier, str(hello.stop_signal)], hello.stop_signal,
+                                           "one process, two stop signals: the latest is used")
+        if hello.cannot_save and not self.roster.trainers[hello.pid].saves \
+                and self.roster.warn_once(hello.pid, ev.TRAINER_CANNOT_SAVE):
+            self._log("warning", ev.TRAINER_CANNOT_SAVE, pid=hello.pid, reason=hello.cannot_save)
         self.obs.trainer_started(now.wall)
+        self.verifying.note_start(self.obs.checkpoint_at)
         if more_nodes:
             self._update_capacity()
         self._sum_checkpoint_bytes()
@@ -373,6 +424,20 @@ class Controller:
         self.saves.forget(gone.pid)
         if self.roster.gone(gone.pid) and self.saves.request is not None:
             self._check_acknowledged(now)  # it may have been the last one to wait for
+        self.stopping.first_exited(gone.pid, now)
+
+    def _on_child_stop(self, now: Now) -> None:
+        """The trainers stopped first have exited, and the child is still there: its stop signal."""
+        signal, child = self.stopping.child_signal_due(), self.roster.child_pid
+        if signal is not None and child is not None and self.roster.child_status is None:
+            self._log("info", ev.CHILD_STOP_SIGNALLED, pid=child, signal=signal,
+                      reason=f"the trainers stopped first have exited, the child was still running "
+                             f"{LAUNCHER_EXIT_S:g}s later")
+            self.out.act(SendSignal((child,), signal))
+
+    def _stop_signal_not_honoured(self, pid: int, asked: list[str], used: str | None, reason: str) -> None:
+        if self.roster.warn_once(pid, ev.STOP_SIGNAL_NOT_HONOURED):
+            self._log("warning", ev.STOP_SIGNAL_NOT_HONOURED, pid=pid, asked=asked, used=used, reason=reason)
 
     def _on_trainer_left(self, left: TrainerLeft, now: Now) -> None:
         if not self.roster.leave(left.pid):
@@ -474,6 +539,15 @@ class Controller:
         elif self.saves.ended(end, self.roster.savers()):
             self._acknowledged(now)
 
+    def _complete(self, reason: str, now: Now) -> str:
+        """The exit's reason for a checkpoint that completed while draining: after what, or how
+        long after the deadline (a last-chance save, the machine still running)."""
+        deadline = self.book.deadline
+        if deadline is not None and now.wall > deadline.at:
+            return (f"checkpoint complete {now.wall - deadline.at:.1f}s after the deadline (a last-chance "
+                    "save: the machine was still running)")
+        return f"checkpoint complete after {reason}"
+
     def _check_acknowledged(self, now: Now) -> None:
         if self.saves.acknowledged_by(self.roster.savers()):
             self._acknowledged(now)
@@ -483,13 +557,10 @@ class Controller:
         request, step, messages = self.saves.acknowledge(now)
         self._save_completed(step, messages, now, requested=True, kind=request.kind)
         if self.mode is Mode.DRAINING:
+            if self.verifying.pending(self.saves.last_checkpoint):
+                return  # stop once it is verified (or the wait ends): an invalid one is saved again
             self.stopping.drained()
-            deadline = self.book.deadline
-            after = f"after {request.reason}"
-            if deadline is not None and now.wall > deadline.at:  # a last-chance save
-                after = (f"{now.wall - deadline.at:.1f}s after the deadline (a last-chance save: the "
-                         "machine was still running)")
-            self._begin_stop(f"checkpoint complete {after}", EXIT_CHECKPOINTED,
+            self._begin_stop(self._complete(request.reason, now), EXIT_CHECKPOINTED,
                              "sigterm" if request.reason == "sigterm" else "deadline", now)
             return
         if request.reason == "peer":  # the node that asked stops its ranks: the job ends here too
@@ -504,13 +575,35 @@ class Controller:
 
     def _save_completed(self, step: int, messages: list[SaveEnd], now: Now, *, requested: bool,
                         kind: str = "") -> None:
-        """A checkpoint of `step` is complete: count it, log it, upload it or look at what holds
-        it, keep the job's state (the next run plans with it even if this one dies)."""
+        """A checkpoint of `step` is complete: count it, log it, verify it (it counts once valid),
+        upload it or look at what holds it, keep the job's state (the next run plans with it even if
+        this one dies)."""
         self._check_stop_budget()
         checkpoint = self.saves.complete(step, messages, now, self._remaining(now), requested=requested,
                                          kind=kind)
+        boundary = self.obs.checkpoint_at  # the step boundary it holds
+        if self.config.verifies and not self.verifying.unverifiable(checkpoint):
+            self.verifying.ask(checkpoint, "save", boundary, now, self.book.deadline)
+            self._keep_state(now)  # the save is measured; the checkpoint counts once verified
+            return
+        self._checkpoint_counts(checkpoint, boundary, now, NO_FIELDS)
+
+    def _checkpoint_counts(self, checkpoint: Checkpoint, boundary: float | None, now: Now,
+                           verified: Mapping[str, Any]) -> None:
+        """A checkpoint counts (verified, or nothing to verify): the newest valid one; its manifest
+        and its upload, or a look at what holds it; the job's state."""
+        self.verifying.counted(checkpoint, boundary)
+        if self.config.manifests:
+            self._write_manifest(checkpoint, verified, now)
         self.uploads.checkpoint_completed(checkpoint, now, self.book.deadline)
         self._keep_state(now)
+
+    def _write_manifest(self, checkpoint: Checkpoint, verified: Mapping[str, Any], now: Now) -> None:
+        """Beside the checkpoint, before its upload: the job's state as it will be once uploaded."""
+        state = self._state(now, checkpoint, True)
+        self.out.act(WriteManifest(checkpoint.step, checkpoint.path, now.wall, self.job.run_id,
+                                   int(verified.get("bytes") or 0), int(verified.get("files") or 0),
+                                   str(verified.get("format") or ""), state))
 
     def _check_stop_budget(self) -> None:
         measured = self.obs.longest_save_s
@@ -527,7 +620,9 @@ class Controller:
 
     def _on_upload_exited(self, exited: UploadExited, now: Now) -> None:
         deadline = self.book.deadline
-        ended = self.uploads.exited(exited, now, deadline, self.saves.last_checkpoint)
+        # a failed upload is retried while no newer checkpoint that counts replaces it
+        newest = self.verifying.valid if self.config.verifies else self.saves.last_checkpoint
+        ended = self.uploads.exited(exited, now, deadline, newest)
         if ended is None:
             return
         if ended.completed:
@@ -547,9 +642,205 @@ class Controller:
         if self.uploads.cut_off_timer(now, self.book.deadline):
             self._finish(self.uploads.exit_reason, now)
 
+    # ------------------------------------------------------------------ verification
+    def _on_checkpoint_verified(self, verified: CheckpointVerified, now: Now) -> None:
+        verdict = self.verifying.ended(verified, now, self.book.deadline)
+        if verdict is not None:
+            self._verdict(verdict, now)
+
+    def _on_verify_cut_off(self, now: Now) -> None:
+        verdict = self.verifying.cut_off(now, self.book.deadline)
+        if verdict is not None:
+            self._verdict(verdict, now)
+
+    def _verdict(self, verdict: Verdict, now: Now) -> None:
+        """A verification ended: a restored checkpoint lets the command start (or the attempt
+        failed); a saved one counts, or never does."""
+        if verdict.purpose == "restore":
+            outcome = self.restoring.verified(verdict.ok, verdict.fields, now, self.book.deadline)
+            self._restore_outcome(outcome, now)
+            return
+        if verdict.ok:
+            self._log("info", ev.CHECKPOINT_VERIFIED, **verdict.fields, remaining_s=self._remaining(now))
+            self._checkpoint_counts(verdict.checkpoint, verdict.boundary_at, now, verdict.fields)
+        else:
+            self._checkpoint_invalid(verdict, now)
+        self._after_verification(now)
+
+    def _checkpoint_invalid(self, verdict: Verdict, now: Now) -> None:
+        """It never counts: the newest valid checkpoint stays the job's, the work since that one is
+        at risk again, and a save is asked for at once while one can be."""
+        checkpoint = verdict.checkpoint
+        self.verifying.found_invalid(checkpoint, str(verdict.fields.get("problem", "")))
+        if self.obs.checkpoint_at == verdict.boundary_at:
+            self.obs.checkpoint_lost(self.verifying.valid_boundary)
+        durable = self.verifying.durable(self.config.uploads)
+        why_not = self._why_no_save_again()
+        self._log("error", ev.CHECKPOINT_INVALID, **verdict.fields,
+                  durable_step=durable.step if durable is not None else None,
+                  action=why_not or "save again now")
+        if why_not is None:
+            self._request_save("invalid", now)
+
+    def _why_no_save_again(self) -> str | None:
+        """Why no save is asked for after an invalid checkpoint, or None: ask."""
+        if self.stopping.stop is not None or self.mode in (Mode.STOPPING, Mode.KILLING, Mode.VERIFYING,
+                                                           Mode.UPLOADING, Mode.EXITED):
+            return "none: the child is being stopped"
+        if self.saves.request is not None:
+            return "none: a save is under way"
+        if self.verifying.outstanding():
+            return "none: a newer checkpoint is being verified"
+        if not self.verifying.may_save_again():
+            return (f"none: {self.verifying.invalid_streak} checkpoints in a row were invalid; fix the "
+                    "trainer's save (the planned saves go on)")
+        if not self.roster.signal_targets():
+            return "none: no trainer attached"
+        return None
+
+    def _after_verification(self, now: Now) -> None:
+        """What waited for a verification: the exit, the drain's stop, the plan's next decision."""
+        if self.verifying.outstanding():
+            return
+        if self.mode is Mode.VERIFYING:
+            self._exit(self.verifying.exit_reason, now)
+        elif self.mode is Mode.DRAINING and self.saves.request is None \
+                and self.verifying.valid == self.saves.last_checkpoint is not None:
+            # the save acknowledged while draining counts (training may have gone on meanwhile)
+            request = self.saves.last_request
+            reason = request.reason if request is not None else "sigterm"
+            self.stopping.drained()
+            self._begin_stop(self._complete(reason, now), EXIT_CHECKPOINTED,
+                             "sigterm" if reason == "sigterm" else "deadline", now)
+        elif self.planner.awaits_upload and self.mode is Mode.RUNNING and not self.uploads.running():
+            self.planner.upload_ended()
+            self._replan(now)  # the verification is measured; what was waiting for it decides now
+
+    def _verified_exit(self, reason: str) -> tuple[int, str, Checkpoint | None]:
+        """Exit 75 needs a valid checkpoint (the newest is the job's); 76 when none of this run is."""
+        valid = self.verifying.durable(self.config.uploads)
+        newest = self.saves.last_checkpoint
+        if valid is None:
+            why = self._not_counted(newest)
+            return EXIT_SAVE_MISSED, f"{reason}; no checkpoint of this run is valid{why}", newest
+        if newest is not None and newest.step > valid.step:
+            return (EXIT_CHECKPOINTED, f"{reason}; the job resumes from step {valid.step}, its newest valid "
+                    f"checkpoint{self._not_counted(newest)}", valid)
+        return EXIT_CHECKPOINTED, reason, valid
+
+    def _not_counted(self, checkpoint: Checkpoint | None) -> str:
+        """Why the newest checkpoint does not count, in words for the exit reason."""
+        if checkpoint is None:
+            return ""
+        invalid = self.verifying.last_invalid
+        if invalid is not None and invalid[0] == checkpoint:
+            return f": the checkpoint of step {checkpoint.step} is invalid ({invalid[1]})"
+        if self.verifying.valid is not None and self.verifying.valid_gone:
+            return (f": the checkpoint of step {self.verifying.valid.step} was deleted before a newer one "
+                    "counted")
+        return f": the checkpoint of step {checkpoint.step} was not verified before the stop"
+
+    # ------------------------------------------------------------------ the way back (--restore)
+    def _begin_restore(self, now: Now) -> bool:
+        """True: the command waits (starting) until the checkpoint is back; False: nothing to bring
+        back, the command starts as it would have."""
+        outcome = self.restoring.begin(self.job.resume_from, now, self.book.deadline)
+        if outcome == "done":
+            return False
+        self._restore_outcome(outcome, now)
+        return True
+
+    def _restore_outcome(self, outcome: Outcome, now: Now, found: Manifest | None = None) -> None:
+        deadline = self.book.deadline
+        match outcome:
+            case "verify":
+                checkpoint = self.restoring.checkpoint
+                assert checkpoint is not None
+                self.verifying.ask(checkpoint, "restore", None, now, deadline)
+            case "found":
+                assert found is not None
+                self._adopt(found)
+                checkpoint = self.job.resume_from
+                assert checkpoint is not None
+                self._restore_outcome(self.restoring.look(checkpoint, now, deadline), now)
+            case "done":
+                self._restored(now)
+            case "given up":
+                self.verifying.abandon()
+                if self.config.restore_optional:
+                    self._restored(now)
+                else:
+                    self._not_started(EXIT_NOT_RESTORED, self.restoring.exit_reason(), "", now)
+            case "wait":
+                pass
+
+    def _adopt(self, manifest: Manifest) -> None:
+        """The job's state came back in the checkpoint's manifest: plan and check with it."""
+        checkpoint = Checkpoint(manifest.step, manifest.written_at, manifest.path)
+        state = manifest.state or JobState()
+        self.job.adopt(replace(state, checkpoint=checkpoint, checkpoint_durable="upload"))
+        if self.job.prior is not None:
+            self.obs.adopt_prior(self.job.prior)
+        self.advisories.resume_from = checkpoint
+
+    def _restored(self, now: Now) -> None:
+        self.modes.move("started")
+        self.out.act(StartCommand())
+        self._replan(now)
+
+    def _not_started(self, code: int, reason: str, cause: StopCause, now: Now) -> None:
+        """The command never starts: record how this run ended, and exit."""
+        self.job.ended(cause, self._remaining(now))
+        self._keep_state(now)
+        self.modes.move("not started")
+        if code == EXIT_CHECKPOINTED:
+            self.out.act(ReleaseCapacity())
+        self.out.act(Exit(code, reason, cause))
+
+    def _on_checkpoint_looked(self, looked: CheckpointLooked, now: Now) -> None:
+        self._restore_outcome(self.restoring.looked(looked, now, self.book.deadline), now)
+
+    def _on_manifests_fetched(self, fetched: ManifestsFetched, now: Now) -> None:
+        outcome, found = self.restoring.manifests_fetched(fetched, now, self.book.deadline)
+        self._restore_outcome(outcome, now, found)
+
+    def _on_restore_started(self, started: RestoreStarted, now: Now) -> None:
+        self.restoring.started(started, now, self.book.deadline)
+
+    def _on_restore_exited(self, exited: RestoreExited, now: Now) -> None:
+        self._restore_outcome(self.restoring.exited(exited, now, self.book.deadline), now)
+
+    def _on_restore_retry(self, now: Now) -> None:
+        self._restore_outcome(self.restoring.retry_now(now, self.book.deadline), now)
+
+    def _on_restore_cut_off(self, now: Now) -> None:
+        if self.restoring.stage == "verifying":
+            self.verifying.abandon()
+        self._restore_outcome(self.restoring.cut_off(now, self.book.deadline), now)
+
+    def _signal_while_restoring(self, name: str, now: Now) -> None:
+        """A stop before the command started: stop the restore and exit. The job's checkpoint is where
+        it was (in the store): exit 75 lets the platform resume it elsewhere."""
+        if name not in ("SIGINT", "SIGTERM"):
+            return  # no child yet to pass it on to
+        self.restoring.stop()
+        self.verifying.abandon()
+        checkpoint = self.restoring.checkpoint
+        code = EXIT_CHECKPOINTED if checkpoint is not None else EXIT_SAVE_MISSED
+        where = {"step": checkpoint.step, "path": checkpoint.path} if checkpoint is not None else {}
+        self._log("warning", ev.RESTORE_FAILED, **where, attempt=self.restoring.attempt,
+                  problem=f"{name} before the command started", action=f"exit {code}")
+        kept = (f"; the job's checkpoint of step {checkpoint.step} is where it was" if checkpoint is not None
+                else "")
+        self._not_started(code, f"{name} while restoring, before the command started{kept}",
+                          "sigterm" if name == "SIGTERM" else "by hand", now)
+
     # ------------------------------------------------------------------ signals to esiwrap
     def _on_signal_received(self, received: SignalReceived, now: Now) -> None:
         """esiwrap's own signals (`esiwrap.signals.USED`); every other one goes to the child."""
+        if self.mode is Mode.STARTING:
+            self._signal_while_restoring(received.name, now)
+            return
         match received.name:
             case "SIGINT":
                 self._handle_sigint(now)
@@ -717,7 +1008,8 @@ class Controller:
 
     def _never_came(self, now: Now) -> list[str]:
         return never_came(self.saves.request, now, attached_once=self.roster.attached_once,
-                          savers=self.roster.savers(), last_error=self.saves.last_error)
+                          savers=self.roster.savers(), last_error=self.saves.last_error,
+                          cannot_save=self.roster.cannot_save())
 
     # ------------------------------------------------------------------ planning
     def _replan(self, now: Now) -> None:
@@ -733,7 +1025,8 @@ class Controller:
 
     def _no_further_save(self, now: Now) -> None:
         """The last planned save is done: stop, or let training go on (`--after-save`)."""
-        match self.planner.after_last_save(self.book.deadline, now, upload_running=self.uploads.running()):
+        match self.planner.after_last_save(self.book.deadline, now, upload_running=self.uploads.running(),
+                                           verify_running=self.verifying.outstanding()):
             case "continue" | "linger":
                 self.modes.move("no further save")
             case "stop":
@@ -760,6 +1053,11 @@ class Controller:
         self.out.act(SendSignal(tuple(pids), self.config.save_signal))
 
     def _progress_is_saved(self) -> bool:
+        """The latest step is in a checkpoint that counts, or may (its verification is pending)."""
+        if self.config.verifies and self.saves.last_checkpoint is not None \
+                and not self.verifying.pending(self.saves.last_checkpoint):
+            valid = self.verifying.valid
+            return valid is not None and valid.step >= (self.obs.last_step or 0)
         return self.saves.progress_is_saved(self.obs.last_step)
 
     # ------------------------------------------------------------------ draining and stopping
@@ -774,6 +1072,13 @@ class Controller:
         if self._save_being_written_may_finish(now):
             return
         self.stopping.drained()
+        request = self.saves.last_request
+        verifying = self.verifying.pending(self.saves.last_checkpoint)
+        if self.saves.request is None and request is not None and verifying:
+            # acknowledged, still being verified: stop now; the exit waits for it (verifying)
+            self._begin_stop(self._complete(request.reason, now), EXIT_CHECKPOINTED,
+                             "sigterm" if request.reason == "sigterm" else "deadline", now)
+            return
         saved = self._progress_is_saved()
         deadline = self.book.deadline
         if not saved and deadline is not None and now.wall >= deadline.at:
@@ -807,8 +1112,9 @@ class Controller:
         self.stopping.begin(reason, exit_status, cause, now, grace_s)
         self.out.act(NotifyStopping())
         self.stopping.extend_timeout(self.mode, now)
+        first = self.roster.stopped_first()
         if self.roster.child_status is not None:
-            self._stop_sigterm_savers()
+            self._stop_first(first, None)
             return  # the child is gone already: the tree check decides when we are done
         if immediate:
             self.out.act(StopChild(None))
@@ -816,22 +1122,33 @@ class Controller:
             return
         signal = self.roster.child_stop_signal(self.config.stop_signal)
         grace = self.config.stop_grace_s if grace_s is None else rounded(grace_s)
-        self._log("info", ev.CHILD_STOPPING, signal=signal, grace_s=grace, reason=reason)
-        self.out.act(StopChild(signal))
-        self._stop_sigterm_savers()
+        ahead = {"first": [{"pid": pid, "signal": name} for name, pids in first.items() for pid in pids]}
+        self._log("info", ev.CHILD_STOPPING, signal=signal, grace_s=grace, reason=reason,
+                  **(ahead if first else {}))
+        if not first:
+            self.out.act(StopChild(signal))
+            return
+        self.out.act(StopChild(None))  # the tree remembered before anything is signalled
+        self._stop_first(first, signal)
 
     def _escalate(self, reason: str, now: Now) -> None:
         """A second SIGINT while stopping: SIGKILL the tree, or the upload esiwrap waits for."""
         if self.mode is Mode.STOPPING:
             self._kill(now)
+        elif self.mode is Mode.VERIFYING:
+            self.verifying.abandon()
+            self._finish(self.verifying.exit_reason, now)
         elif self.mode is Mode.UPLOADING and self.uploads.cut_off_now(reason, now):
             self._finish(self.uploads.exit_reason, now)
 
-    def _stop_sigterm_savers(self) -> None:
-        """A trainer below the child that takes SIGTERM as a save request would outlive the SIGTERM
-        its launcher passes on: it gets its own stop signal directly."""
-        for name, pids in self.roster.sigterm_savers().items():
+    def _stop_first(self, first: dict[str, list[int]], child_signal: str | None) -> None:
+        """The trainers below the child that asked for a stop signal of their own get it now; the
+        child's stop signal (and, once the child is gone, the SIGTERM to what is left of its tree)
+        waits until they have exited: a launcher stopped first would abort them."""
+        for name, pids in first.items():
             self.out.act(SendSignal(tuple(pids), name))
+        if first:
+            self.stopping.stop_first({pid for pids in first.values() for pid in pids}, child_signal)
 
     def _kill(self, now: Now) -> None:
         self.modes.move("kill")
@@ -846,7 +1163,11 @@ class Controller:
             self._exit(stop.reason + " (processes survived SIGKILL)", now)
 
     def _exit(self, reason: str, now: Now) -> None:
-        """The child's tree is gone: exit, once the last checkpoint's upload has ended."""
+        """The child's tree is gone: exit, once the last checkpoint's verification and upload ended."""
+        if self.verifying.outstanding():
+            self.modes.move("await verify")
+            self.verifying.await_at_stop(reason, now, self.book.deadline)
+            return
         if self.uploads.outstanding() and self.modes.move("await upload"):
             if self.uploads.await_at_stop(reason, now, self.book.deadline):
                 self._finish(self.uploads.exit_reason, now)
@@ -858,6 +1179,9 @@ class Controller:
             return
         code = self.stopping.exit_code(self.roster.child_status)
         last = self.saves.last_checkpoint
+        ours = self.stopping.stop is not None and self.stopping.stop.exit_status == EXIT_CHECKPOINTED
+        if ours and self.config.verifies:  # esiwrap's own 75 (not a child's that exited 75 itself)
+            code, reason, last = self._verified_exit(reason)
         if code == EXIT_CHECKPOINTED and self.config.uploads and not self.uploads.last_uploaded(last):
             code, reason = EXIT_NOT_UPLOADED, f"{reason}; {self.uploads.not_uploaded_reason(last)}"
         self.modes.move("exit")

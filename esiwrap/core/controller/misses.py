@@ -41,14 +41,15 @@ def miss_facts(request: SaveRequest | None, plan: SavePlan | None, obs: Observat
 
 
 def never_came(request: SaveRequest | None, now: Now, *, attached_once: bool, savers: set[int],
-               last_error: tuple[float, str] | None) -> list[str]:
-    """What the save waited for and did not get, first the one that decided."""
+               last_error: tuple[float, str] | None, cannot_save: list[str] | None = None) -> list[str]:
+    """What the save waited for and did not get, first the one that decided. `cannot_save`: what
+    trainers said of why they cannot save on request, when none saves (the verl hook)."""
     found: list[str] = []
     if last_error is not None:
         at, error = last_error
         found.append(f"the trainer reported a failed save {now.wall - at:.1f}s ago: "
                      f"{error or 'no error text'}")
-    found.insert(0, _decisive(request, now, attached_once, savers))
+    found.insert(0, cannot_save[0] if cannot_save else _decisive(request, now, attached_once, savers))
     return found
 
 

@@ -6,6 +6,10 @@ not list is refused at once (`IllegalMove`: a bug in the controller, never a use
 design page's diagram is drawn from this table (`scripts/gen_reference.py`).
 
     RUNNING         training; the planned save signal and the deadline are the timers
+    STARTING        the shell is about to start the command (`Launch`): the no-progress guard; with
+                    `--restore`, the job's durable checkpoint is looked for, found in its
+                    manifests, brought back and verified first (the restore's retry and its
+                    cut-off: the insurance save must still fit before the deadline)
     SAVE_REQUESTED  a save was asked for and is not acknowledged; the deadline (a miss), and the
                     latest graceful stop while no trainer has attached to take the signal
     DRAINING        stopping as soon as the outstanding save is acknowledged (SIGTERM, a deadline
@@ -15,6 +19,8 @@ design page's diagram is drawn from this table (`scripts/gen_reference.py`).
                     is followed), or for good (`--after-save continue`)
     STOPPING        the stop signal went to the child; its grace period
     KILLING         SIGKILL went to the tree; the wait for it to vanish
+    VERIFYING       the child's tree is gone; the last checkpoint's verification is ending: until it
+                    does, or until it must be given up to exit before the deadline
     UPLOADING       the child's tree is gone; the last checkpoint's upload (`--upload`) is ending:
                     until it does, or until it must be cut off to exit before the deadline
     EXITED          the exit is decided (`Exit`): no timer fires, nothing moves any more
@@ -33,18 +39,20 @@ from typing import Literal
 
 class Mode(enum.Enum):
     RUNNING = "running"
+    STARTING = "starting"
     SAVE_REQUESTED = "save_requested"
     DRAINING = "draining"
     CONTINUING = "continuing"
     STOPPING = "stopping"
     KILLING = "killing"
+    VERIFYING = "verifying"
     UPLOADING = "uploading"
     EXITED = "exited"
 
 
 Cause = Literal[
     "save asked", "acknowledged", "no further save", "deadline renewed", "deadline gone", "drain", "stop",
-    "kill", "await upload", "exit", "not started",
+    "kill", "await upload", "exit", "not started", "launch", "started", "await verify",
 ]
 
 
@@ -65,17 +73,23 @@ _STOPPED_STAYS: Mapping[Cause, Target] = {
 
 TRANSITIONS: Mapping[Mode, Mapping[Cause, Target]] = {
     Mode.RUNNING: {"save asked": Mode.SAVE_REQUESTED, "no further save": Mode.CONTINUING, **_STOP,
-                   "not started": Mode.EXITED,  # the no-progress guard: the command never starts
+                   "launch": Mode.STARTING,  # the shell is about to start the command
                    "acknowledged": STAY, "deadline renewed": STAY, "deadline gone": STAY},
+    Mode.STARTING: {"started": Mode.RUNNING,  # at once, or once --restore brought the checkpoint back
+                    "not started": Mode.EXITED,  # the no-progress guard, a restore that failed
+                    "deadline renewed": STAY, "deadline gone": STAY},
     Mode.SAVE_REQUESTED: {"acknowledged": Mode.RUNNING, **_STOP,
                           "save asked": STAY, "deadline renewed": STAY, "deadline gone": STAY},
     Mode.DRAINING: {"stop": Mode.STOPPING, "save asked": STAY, "acknowledged": STAY,
                     "deadline renewed": STAY, "deadline gone": STAY},
     Mode.CONTINUING: {"deadline renewed": Mode.RUNNING, "deadline gone": Mode.RUNNING, **_STOP,
                       "save asked": STAY, "acknowledged": STAY},
-    Mode.STOPPING: {"kill": Mode.KILLING, "await upload": Mode.UPLOADING, "exit": Mode.EXITED,
-                    **_STOPPED_STAYS},
-    Mode.KILLING: {"await upload": Mode.UPLOADING, "exit": Mode.EXITED, **_STOPPED_STAYS},
+    Mode.STOPPING: {"kill": Mode.KILLING, "await verify": Mode.VERIFYING, "await upload": Mode.UPLOADING,
+                    "exit": Mode.EXITED, **_STOPPED_STAYS},
+    Mode.KILLING: {"await verify": Mode.VERIFYING, "await upload": Mode.UPLOADING, "exit": Mode.EXITED,
+                   **_STOPPED_STAYS},
+    Mode.VERIFYING: {"await upload": Mode.UPLOADING, "exit": Mode.EXITED, "await verify": STAY,
+                     **_STOPPED_STAYS},
     Mode.UPLOADING: {"exit": Mode.EXITED, "await upload": STAY, **_STOPPED_STAYS},
     Mode.EXITED: {**_STOPPED_STAYS},
 }

@@ -23,7 +23,7 @@ from esiwrap.core.policy import (
 from esiwrap.core.values import Deadline
 from esiwrap.times import iso_utc
 
-AfterLastSave = Literal["await upload", "continue", "linger", "stop"]
+AfterLastSave = Literal["await upload", "await verify", "continue", "linger", "stop"]
 
 
 class Planner:
@@ -74,17 +74,19 @@ class Planner:
             self._jump_note = ""
         return plan
 
-    def after_last_save(self, deadline: Deadline | None, now: Now, *, upload_running: bool) -> AfterLastSave:
+    def after_last_save(self, deadline: Deadline | None, now: Now, *, upload_running: bool,
+                        verify_running: bool = False) -> AfterLastSave:
         """No further save is planned: what now. With `--after-save stop`, stop; with `linger`,
         train on until the stop must begin to end before the deadline (nothing trained now can be
         saved, but a deadline that moves later is followed); with `continue`, train on for good.
         While an upload runs, it is the measurement (or the wait) that kept a further save out of
-        the plan: decide again when it ends, training on meanwhile."""
+        the plan: decide again when it ends, training on meanwhile. So while the last checkpoint is
+        verified: an invalid one is saved again before the stop."""
         self.plan = None
         stop_at = self.latest_stop_at(deadline)
-        self.awaits_upload = upload_running and stop_at is not None and stop_at > now.wall
+        self.awaits_upload = (upload_running or verify_running) and stop_at is not None and stop_at > now.wall
         if self.awaits_upload:
-            return "await upload"
+            return "await upload" if upload_running else "await verify"
         if self._after_save == "continue":
             self._out.log("info", ev.TRAINING_CONTINUES, reason="--after-save continue")
             return "continue"

@@ -14,10 +14,14 @@ from typing import Any, Literal, NamedTuple
 
 from esiwrap.choices import LogLevel
 from esiwrap.core.config import ControllerConfig as ControllerConfig  # re-exported: the protocol's
+from esiwrap.core.manifest import Manifest
 from esiwrap.core.state import JobState
 from esiwrap.core.values import Answer
 
 KILL_WAIT_S = 5.0  # after SIGKILL, how long to wait for the tree to vanish
+# After the trainers stopped first (their own stop signal) have exited: how long the child (bash, a
+# launcher that waits for its command) may take to exit by itself before it gets its stop signal.
+LAUNCHER_EXIT_S = 2.0
 STOP_TIMEOUT_MARGIN_S = 5.0  # asked of systemd on top of our own stop timeline
 DEADLINE_CHANGE_S = 1.0  # smaller moves are the same deadline said twice
 SAVE_WRITE_GRACE_FACTOR = 3.0  # a save being written may run this many estimates before it is cut off
@@ -29,6 +33,11 @@ UPLOAD_EXIT_MARGIN_S = 1.0  # ...and esiwrap is gone this much before the deadli
 # cut-off; when none can, esiwrap gives up (exit 74).
 UPLOAD_RETRY_S = (5.0, 30.0)  # the waits before the second and the third attempt
 UPLOAD_RETRY_MAX_S = 300.0
+# `--restore`: a failed attempt (its command failed, or what came back is not valid) is tried again
+# after the upload's waits (5 s, then 30 s), RESTORE_ATTEMPTS attempts in all, each ending before the
+# restore's cut-off (with a deadline: the latest moment the insurance save could still be signalled).
+RESTORE_ATTEMPTS = 3
+INVALID_RESAVES = 2  # an invalid checkpoint asks for a save at once, this many times in a row at most
 
 
 NO_FIELDS: Mapping[str, Any] = MappingProxyType({})
@@ -42,7 +51,9 @@ class Now(NamedTuple):
 # ---------------------------------------------------------------------------------- inputs
 class Launch(NamedTuple):
     """esiwrap is about to start the command: the job's history may say not to (the no-progress
-    guard; `Exit` follows) — else the shell starts it and `ChildStarted` follows."""
+    guard; `Exit` follows); with `--restore`, the checkpoint is looked for and brought back first
+    (`LookForCheckpoint` or `FetchManifests` follows, and the shell waits for `StartCommand`) —
+    else the shell starts it and `ChildStarted` follows."""
 
 
 class ChildStarted(NamedTuple):
@@ -65,6 +76,7 @@ class Hello(NamedTuple):
     resumed_from: str | None = None  # the checkpoint it resumed from (its files are a measurement)
     nodes: int | None = None  # how many nodes its job spans, if it said (torchrun: world / local)
     sigterm_saves: bool = False  # it takes SIGTERM as a save request (in a Slurm job)
+    cannot_save: str | None = None  # why it cannot save on request (with saves=False; the verl hook)
 
 
 class CheckpointSize(NamedTuple):
@@ -170,6 +182,59 @@ class FilesystemChecked(NamedTuple):
     source: str = ""
 
 
+class CheckpointVerified(NamedTuple):
+    """The verification asked for by `VerifyCheckpoint` ended: valid or not (`problem`, `fix`),
+    what was checked, by what (`built-in`, `--verify`)."""
+
+    step: int
+    path: str
+    ok: bool
+    format: str = ""
+    checked: str = ""
+    problem: str = ""
+    fix: str = ""
+    bytes: int = 0
+    files: int = 0
+    read_bytes: int = 0
+    by: str = "built-in"
+    previous_gone: bool = False  # the checkpoint `VerifyCheckpoint.previous` named is no longer there
+
+
+class CheckpointLooked(NamedTuple):
+    """Whether the job's durable checkpoint is on this instance (`LookForCheckpoint`)."""
+
+    path: str
+    present: bool
+
+
+class ManifestsFetched(NamedTuple):
+    """The `--restore-manifests` command ended: its code, and the manifests it brought (those that
+    are whole), and the files that were not (name, why)."""
+
+    code: int | None
+    signal: str | None = None
+    manifests: tuple[Manifest, ...] = ()
+    rejected: tuple[tuple[str, str], ...] = ()
+    stderr: tuple[str, ...] = ()
+    error: str = ""  # why it could not start
+
+
+class RestoreStarted(NamedTuple):
+    """The `--restore` command asked for by `StartRestore` runs."""
+
+    pid: int
+
+
+class RestoreExited(NamedTuple):
+    """The `--restore` command ended (code 0: the checkpoint is back), or could not start (`error`)."""
+
+    pid: int
+    code: int | None
+    signal: str | None = None
+    stderr: tuple[str, ...] = ()
+    error: str = ""
+
+
 class DeadlineAnswers(NamedTuple):
     answers: tuple[Answer, ...]
 
@@ -196,7 +261,8 @@ class TreeChecked(NamedTuple):
 Input = (
     Launch | ChildStarted | Hello | CheckpointSize | StorageProbed | TrainerGone | TrainerLeft | Step
     | SaveBegin | SaveSnapshot | SaveEnd | DeadlineAnswers | SignalReceived | ChildExited | TreeChecked
-    | TrainingStart | UploadStarted | UploadExited | FilesystemChecked
+    | TrainingStart | UploadStarted | UploadExited | FilesystemChecked | CheckpointVerified | CheckpointLooked
+    | ManifestsFetched | RestoreStarted | RestoreExited
 )
 
 
@@ -207,8 +273,8 @@ class SendSignal(NamedTuple):
 
 
 class StopChild(NamedTuple):
-    """Remember the child's tree, then send the child the first signal of the stop sequence
-    (None: only remember the tree, a KillTree follows)."""
+    """Remember the child's tree, then send the child its stop signal (None: only remember the
+    tree; a KillTree follows, or the trainers stopped first get their own signal)."""
 
     signal: str | None
 
@@ -310,6 +376,71 @@ class RefuseMessage(NamedTuple):
     reason: str
 
 
+class VerifyCheckpoint(NamedTuple):
+    """Check this checkpoint off the loop: the built-in check of its metadata (unless it is off),
+    then the `--verify` command; the shell reports `CheckpointVerified`. `previous`: the newest
+    valid checkpoint's path, to say whether it is still there."""
+
+    step: int
+    path: str
+    previous: str = ""
+
+
+class StopVerify(NamedTuple):
+    """Give up the running verification: SIGKILL to its `--verify` command's process group; a
+    built-in check still running on its thread is left to end, and its answer is not reported."""
+
+    signal: str = "SIGKILL"
+
+
+class WriteManifest(NamedTuple):
+    """Write the checkpoint's manifest beside it before its upload (`esiwrap.core.manifest`): the
+    next run finds the checkpoint, and the job's state, from it; `{manifest}` names the file."""
+
+    step: int
+    path: str
+    written_at: float
+    run_id: str
+    bytes: int
+    files: int
+    format: str
+    state: JobState
+
+
+class LookForCheckpoint(NamedTuple):
+    """Is this path there (off the loop: a stat can hang)? The shell reports `CheckpointLooked`;
+    the command waits for `StartCommand`."""
+
+    path: str
+
+
+class FetchManifests(NamedTuple):
+    """Run the `--restore-manifests` command into an empty directory and read the manifests it put
+    there; the shell reports `ManifestsFetched`; the command waits for `StartCommand`."""
+
+    attempt: int = 1
+
+
+class StartRestore(NamedTuple):
+    """Run the `--restore` command for this checkpoint (the shell reports RestoreStarted or
+    RestoreExited)."""
+
+    step: int
+    path: str
+    attempt: int = 1
+
+
+class StopRestore(NamedTuple):
+    """Send this signal to the running restore's (or manifests') process group: it is cut off."""
+
+    signal: str
+
+
+class StartCommand:
+    """The checkpoint is back (or need not be): start the command now (after `Launch` held it)."""
+
+
+
 TRAINER_REPORTS = (Step, SaveBegin, SaveSnapshot, SaveEnd, CheckpointSize, TrainingStart, TrainerLeft)
 """What only an attached trainer may say (or the child itself, with --signal-child)."""
 # Why a message is refused: a process outside esiwrap's tree (the shell refuses its other messages
@@ -322,6 +453,7 @@ SAID_BYE = "it said bye: its process is ending"  # a hello sent before the bye, 
 Action = (
     SendSignal | StopChild | KillTree | TermLeftovers | CheckTree | Log | NotifyStopping | ExtendStopTimeout
     | KeepState | ReleaseCapacity | Exit | ProbeStorage | StartUpload | StopUpload | CheckFilesystem
-    | RefuseMessage | ResolveDeadline
+    | RefuseMessage | ResolveDeadline | VerifyCheckpoint | StopVerify | WriteManifest | LookForCheckpoint
+    | FetchManifests | StartRestore | StopRestore | StartCommand
 )
 PROBE_REPEAT_S = 6 * 3600.0  # while no save is measured, probe the storage again this often

@@ -20,6 +20,7 @@ class Trainer:
     attached_at: float
     checkpoint_bytes: float | None = None
     sigterm_saves: bool = False
+    cannot_save: str | None = None  # why it cannot save on request (the verl hook says), if so
 
 
 class Roster:
@@ -36,6 +37,14 @@ class Roster:
         self.checkpoint_dir: str | None = None  # the first directory a trainer named
         self.left: set[int] = set()  # said bye: never signalled again, until the process exits
         self.save_signalled_mono: dict[int, float] = {}  # pid -> when it last got the save signal
+        self.warned: set[tuple[int, str]] = set()  # (pid, event): a trainer's warnings, logged once
+
+    def warn_once(self, pid: int, event: str) -> bool:
+        """True the first time for this process and warning: say it once."""
+        if (pid, event) in self.warned:
+            return False
+        self.warned.add((pid, event))
+        return True
 
     def view(self) -> dict[str, Any]:
         return {"child_pid": self.child_pid, "trainers": len(self.trainers)}
@@ -119,15 +128,23 @@ class Roster:
             return trainer.stop_signal
         return default
 
-    def sigterm_savers(self) -> dict[str, list[int]]:
-        """A trainer below the child that takes SIGTERM as a save request (a rank under torchrun,
-        in a Slurm job) would outlive the SIGTERM its launcher passes on: its own stop signal, by
-        signal."""
+    def stopped_first(self) -> dict[str, list[int]]:
+        """The trainers below the child that asked for a stop signal of their own (a Ray driver
+        behind `bash run.sh`: SIGINT; a rank that takes SIGTERM as a save request in a Slurm job:
+        SIGHUP), by signal. They get it before the child gets its own: a launcher stopped first
+        would abort them (bash dies of SIGTERM and leaves its command to the tree's SIGTERM;
+        `uv run` and torchrun pass SIGTERM on)."""
         by_signal: dict[str, list[int]] = {}
         for trainer in self.trainers.values():
-            if trainer.sigterm_saves and trainer.stop_signal and trainer.pid != self.child_pid:
+            if trainer.stop_signal and trainer.pid != self.child_pid:
                 by_signal.setdefault(trainer.stop_signal, []).append(trainer.pid)
         return by_signal
+
+    def cannot_save(self) -> list[str]:
+        """What attached trainers said of why they cannot save on request, when no trainer saves."""
+        if self.savers():
+            return []
+        return [t.cannot_save for t in self.trainers.values() if t.cannot_save]
 
 
 def _merged(earlier: Trainer | None, hello: Hello, now_wall: float) -> Trainer:
@@ -138,9 +155,20 @@ def _merged(earlier: Trainer | None, hello: Hello, now_wall: float) -> Trainer:
     if earlier is None:
         return Trainer(pid=hello.pid, rank=hello.rank, saves=hello.saves, signal=hello.wants_signal,
                        stop_signal=hello.stop_signal, attached_at=now_wall,
-                       checkpoint_bytes=hello.checkpoint_bytes, sigterm_saves=hello.sigterm_saves)
-    return Trainer(pid=hello.pid, rank=hello.rank, saves=earlier.saves or hello.saves,
+                       checkpoint_bytes=hello.checkpoint_bytes, sigterm_saves=hello.sigterm_saves,
+                       cannot_save=None if hello.saves else hello.cannot_save)
+    saves = earlier.saves or hello.saves
+    return Trainer(pid=hello.pid, rank=hello.rank, saves=saves,
                    signal=earlier.signal or hello.wants_signal,
                    stop_signal=hello.stop_signal or earlier.stop_signal, attached_at=earlier.attached_at,
                    checkpoint_bytes=hello.checkpoint_bytes or earlier.checkpoint_bytes,
-                   sigterm_saves=earlier.sigterm_saves or hello.sigterm_saves)
+                   sigterm_saves=earlier.sigterm_saves or hello.sigterm_saves,
+                   cannot_save=None if saves else hello.cannot_save or earlier.cannot_save)
+
+
+def second_stop_signal(earlier: Trainer | None, hello: Hello) -> str | None:
+    """The stop signal a process asked for before, when this hello of it asks for another one:
+    only one can be honoured (the latest)."""
+    if earlier is None or earlier.stop_signal is None or hello.stop_signal is None:
+        return None
+    return earlier.stop_signal if earlier.stop_signal != hello.stop_signal else None

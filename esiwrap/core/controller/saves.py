@@ -39,6 +39,7 @@ class SaveCycle:
         self._out = out
         self._obs = obs
         self.request: SaveRequest | None = None
+        self.last_request: SaveRequest | None = None  # the last one acknowledged
         self.last_checkpoint: Checkpoint | None = None  # any completed save, the trainer's own too
         self.last_error: tuple[float, str] | None = None  # wall time, what the trainer said
         # This run's counts, for the metrics: saves completed (asked for, or the trainer's own),
@@ -156,7 +157,7 @@ class SaveCycle:
             self._obs.record_save(duration, now.wall, request.save_started_at)
         else:
             self._obs.record_requested_save(duration, now.wall, request.save_started_at)
-        self.request = None
+        self.request, self.last_request = None, request
         return request, max(m.step for m in messages), messages
 
     def complete(self, step: int, messages: list[SaveEnd], now: Now, remaining_s: float | None, *,

@@ -1,9 +1,14 @@
 """The stop sequence and the drain before it: the wait for a save's acknowledgement after SIGTERM,
-the stop signal and its grace period, SIGKILL and the wait for the tree to vanish, the exit code."""
+the stop signal and its grace period, SIGKILL and the wait for the tree to vanish, the exit code.
+
+The order of the stop: the trainers below the child that asked for a stop signal of their own get it
+first; the child gets its stop signal once they have exited and it has not exited by itself within
+`LAUNCHER_EXIT_S`; what is left of the tree once the child is gone gets SIGTERM, also only after
+them; SIGKILL to everything left when `--stop-grace`, counted from the first signal, is over."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from esiwrap import events as ev
@@ -11,6 +16,7 @@ from esiwrap.core.controller.modes import Mode
 from esiwrap.core.controller.outbox import Outbox, rounded
 from esiwrap.core.controller.protocol import (
     KILL_WAIT_S,
+    LAUNCHER_EXIT_S,
     SAVE_WRITE_GRACE_FACTOR,
     STOP_TIMEOUT_MARGIN_S,
     ExtendStopTimeout,
@@ -31,6 +37,9 @@ class StopState:
     until: float  # monotonic: the end of the grace period, or of the wait after SIGKILL
     cause: StopCause = ""  # why, for the job's history
     leftovers_signalled: bool = False
+    first: set[int] = field(default_factory=set)  # trainers sent their own stop signal, not yet exited
+    child_signal: str | None = None  # the child's stop signal, sent once `first` have all exited...
+    child_signal_at: float | None = None  # ...and the child has not exited by itself (monotonic)
 
 
 class StopSequence:
@@ -77,6 +86,29 @@ class StopSequence:
         grace = self._grace_s if grace_s is None else grace_s
         self.stop = StopState(reason, exit_status, until=now.mono + grace, cause=cause)
 
+    def stop_first(self, pids: set[int], child_signal: str | None) -> None:
+        """These trainers got their own stop signal: the child's (`child_signal`, None when the
+        child needs none) and the leftovers' SIGTERM wait until they have exited."""
+        assert self.stop is not None
+        self.stop.first, self.stop.child_signal = set(pids), child_signal
+
+    def first_exited(self, pid: int, now: Now) -> None:
+        """A process exited: when it was the last of the trainers stopped first, the child may
+        exit by itself for `LAUNCHER_EXIT_S` (bash, a launcher, reaps its command and exits with
+        it), then it gets its stop signal (the "child stop" timer), within the grace."""
+        stop = self.stop
+        if stop is None or pid not in stop.first:
+            return
+        stop.first.discard(pid)
+        if not stop.first and stop.child_signal is not None:
+            stop.child_signal_at = min(now.mono + LAUNCHER_EXIT_S, stop.until)
+
+    def child_signal_due(self) -> str | None:
+        """The child's stop signal that waited for the trainers stopped first, once."""
+        assert self.stop is not None
+        signal, self.stop.child_signal, self.stop.child_signal_at = self.stop.child_signal, None, None
+        return signal
+
     def kill(self, now: Now) -> None:
         assert self.stop is not None
         self.stop.until = now.mono + KILL_WAIT_S
@@ -88,6 +120,8 @@ class StopSequence:
         assert self.stop is not None
         if remaining == 0:
             return True
+        if self.stop.first:
+            return False  # the trainers stopped first are still shutting down: no SIGTERM yet
         if not self.stop.leftovers_signalled:
             self.stop.leftovers_signalled = True
             self._out.act(TermLeftovers())
@@ -117,5 +151,8 @@ class StopSequence:
         if self.ack_until is not None:  # only ever set while draining
             return [Timer("ack wait", "mono", self.ack_until)]
         if mode in (Mode.STOPPING, Mode.KILLING) and self.stop is not None:
-            return [Timer("stop", "mono", self.stop.until)]
+            child = self.stop.child_signal_at
+            later = [Timer("child stop", "mono", child)] if child is not None and mode is Mode.STOPPING \
+                else []
+            return [Timer("stop", "mono", self.stop.until), *later]
         return []

@@ -15,16 +15,21 @@ from esiwrap.core.controller.protocol import Now
 
 Clock = Literal["wall", "mono"]
 TimerName = Literal[
-    "upload retry", "upload cut-off", "linger", "ack wait", "stop", "deadline", "unattached stop",
-    "save signal", "storage probe", "upload decision", "heartbeat", "overstay",
+    "upload retry", "upload cut-off", "linger", "ack wait", "stop", "child stop", "deadline",
+    "unattached stop", "save signal", "storage probe", "upload decision", "heartbeat", "overstay",
+    "verify cut-off", "restore cut-off", "restore retry",
 ]
 
 FIRING_ORDER: tuple[TimerName, ...] = (
     "upload retry",  # any mode: a failed upload's next attempt
     "upload cut-off",  # UPLOADING: the last upload's wait, then its SIGTERM and SIGKILL
+    "verify cut-off",  # any mode: a verification that runs too long (VERIFYING: past the cut-off) is given up
+    "restore cut-off",  # STARTING: the restore must end for the insurance save to fit
+    "restore retry",  # STARTING: a failed restore's next attempt
     "linger",  # CONTINUING (--after-save linger): the latest moment the stop may begin
     "ack wait",  # DRAINING: the wait for the save's acknowledgement
     "stop",  # STOPPING, KILLING: the grace period, the wait after SIGKILL
+    "child stop",  # STOPPING: the trainers stopped first exited, the child has not: its stop signal
     "deadline",  # RUNNING, SAVE_REQUESTED: the deadline itself
     "unattached stop",  # SAVE_REQUESTED: the latest graceful stop with no trainer to save
     "save signal",  # RUNNING: the planned save's signal

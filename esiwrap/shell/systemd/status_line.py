@@ -45,6 +45,10 @@ def _save(s: Snapshot) -> list[str]:
         return [f"stopping: {s.stop_reason}"]
     if s.phase == "uploading":
         return ["stopped; waiting for the last checkpoint's upload (--upload)"]
+    if s.phase == "verifying":
+        return ["stopped; verifying the last checkpoint"]
+    if s.phase == "starting":
+        return ["restoring the checkpoint before the command starts (--restore)"]
     parts = []
     if s.phase == "draining":  # stopping after the save in progress (SIGTERM, a late deadline)
         parts.append("stop requested, waiting for the checkpoint")

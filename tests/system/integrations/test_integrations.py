@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from esiwrap_harness import EsiwrapRun
+from recording_transport import RecordingTransport
 
 from esiwrap.integrations import OUR_RAY_ENV_HOOK
 from esiwrap.integrations.importhook import when_imported
@@ -266,25 +267,6 @@ def test_a_failing_import_hook_never_breaks_the_import(
     del sys.modules["esiwrap_probe_broken"]
 
 
-class RecordingTransport:
-    """The relay's interface (send, request_count), recording what the loop reports."""
-
-    def __init__(self, requests: int = 0) -> None:
-        self.requests = requests
-        self.sent: list[wire.Message] = []
-
-    def send(self, message: wire.Message) -> bool:
-        wire.encode(message, 1)  # what esiwrap could decode
-        self.sent.append(message)
-        return True
-
-    def request_count(self) -> int:
-        return self.requests
-
-    def types(self) -> list[str]:
-        return [wire.type_of(message) for message in self.sent]
-
-
 def trainer_at(step: int, root: Path, finalize: object = None) -> object:
     from types import SimpleNamespace
 
@@ -378,3 +360,38 @@ def test_verl_direct_async_save_satisfies_the_signal_before_its_acknowledgement(
         assert not loop.pending and not loop.save_requested()
     finally:
         signals.signal(signals.SIGUSR1, previous)
+
+
+ENDS_AFTER_HELLO = """
+import atexit, signal, sys
+atexit.register(lambda: print("atexit:", "SIG_IGN" if signal.getsignal(signal.SIGUSR1) is signal.SIG_IGN
+                              else "a handler", flush=True))  # registered first: runs last
+if sys.argv[1] == "ray-driver":
+    from esiwrap.integrations.ray_relay import runtime_env_hook
+    runtime_env_hook({})  # what ray.init calls in the driver: the relay says hello
+else:
+    from esiwrap.integrations import verl
+    assert verl.loop.attach("legacy", None)  # a TaskRunner without the relay: hello, signalled directly
+print("said hello", flush=True)
+"""
+
+
+@pytest.mark.system
+@pytest.mark.parametrize("who", ["ray-driver", "taskrunner"])
+def test_the_hooks_processes_ignore_the_save_signal_at_exit_then_say_bye(who: str) -> None:
+    """The Ray driver's relay and a TaskRunner that attached directly install their own save-signal
+    handler (not `esiwrap.trainer.install()`'s); at their end they get the same treatment: the
+    save signal ignored from the atexit hook on (a signal during the interpreter's shutdown would
+    kill a finished run), then `bye`, once."""
+    server = ChannelServer()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ESIWRAP_")}
+    try:
+        done = subprocess.run([sys.executable, "-c", ENDS_AFTER_HELLO, who], capture_output=True, text=True,
+                              timeout=60, env={**env, "ESIWRAP_SOCKET": server.path})
+        got = [datagram.decoded for datagram in server.receive()]
+    finally:
+        server.close()
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "said hello\natexit: SIG_IGN\n", (done.stdout, done.stderr)
+    kinds = [wire.type_of(envelope.message) for envelope in got if isinstance(envelope, wire.Envelope)]
+    assert kinds == ["hello", "bye"], kinds

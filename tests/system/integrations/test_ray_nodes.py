@@ -7,7 +7,7 @@ region, spot notice) and the ECS OpenAPI (its release time), which each test set
 join (C) or join and leave (D) mid-run are started by their test. The head's own deadline is an
 `MLP_…` variable far away (900 s), so every save here comes from another node's deadline.
 
-The verl runs are `esiwrap -- python tests/verl_driver.py` (its TaskRunner runs verl's real
+The verl runs are `esiwrap -- python tests/lib/verl_driver.py` (its TaskRunner runs verl's real
 trainer code and `_save_checkpoint`); the driver joins the cluster through `RAY_ADDRESS`.
 """
 
@@ -128,7 +128,7 @@ def saved_before(run: EsiwrapRun, work: Path, source: str, loop: str) -> dict[st
     assert parse_iso(completed[0]["timestamp"]) < deadline and completed[0]["remaining_s"] > 0
     step = completed[0]["step"]
     assert (work / "ckpt" / "latest_checkpointed_iteration.txt").read_text() == str(step)
-    assert (work / "ckpt" / f"global_step_{step}" / "actor" / "model.pt").exists()
+    assert (work / "ckpt" / f"global_step_{step}" / "actor" / "model_world_size_1_rank_0.pt").exists()
     loop_hello = next(e for e in run.events if e["event"] == "trainer_attached" and e.get("loop"))
     assert loop_hello["loop"] == loop
     return ruling[-1]

@@ -1,5 +1,5 @@
 """esiwrap in real Slurm jobs: a cluster of Debian's slurmctld, slurmd and munged (22.05),
-started by this module and stopped by PID at its end (tests/slurm_cluster.py).
+started by this module and stopped by PID at its end (tests/lib/slurm_cluster.py).
 
 The end-to-end run: `sbatch --time=2 --requeue` a job that execs `esiwrap --slurm-requeue --
 tiny_trainer.py`; a TimeLimit update moves the end a minute earlier; esiwrap follows it, saves

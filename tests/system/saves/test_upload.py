@@ -1,5 +1,5 @@
 """`--upload` end to end: the tiny PyTorch trainer under esiwrap, a real S3-compatible server on
-loopback (moto's, `tests/s3_store.py`) and the real `aws` CLI as the upload command.
+loopback (moto's, `tests/lib/s3_store.py`) and the real `aws` CLI as the upload command.
 
 Three runs start together (about 50 s in all), each with the deadline 45 s away:
 

@@ -9,6 +9,7 @@ import json
 import math
 import signal
 import time
+from pathlib import Path
 from typing import Any
 
 from esiwrap_harness import PYTHON
@@ -85,13 +86,16 @@ def test_a_node_rules_while_it_is_there_and_is_dropped_when_it_leaves(esiwrap) -
     assert [e["event"] for e in run.events].count("deadline_changed") == 2  # not the one posing as cli
 
 
-def test_a_save_another_node_asked_for_ends_this_nodes_run_too(esiwrap) -> None:
+def test_a_save_another_node_asked_for_ends_this_nodes_run_too(esiwrap, tmp_path: Path) -> None:
     """No request of its own, no deadline: a save whose messages say `peer: true` is logged as a
-    request (`reason: peer`), acknowledged like one, and esiwrap stops after it: exit 75."""
+    request (`reason: peer`), acknowledged like one, and esiwrap stops after it: exit 75 (its
+    checkpoint is there, and passes its checks)."""
+    checkpoint = tmp_path / "7"
+    checkpoint.write_bytes(b"step 7")
     messages = [
         json.dumps({"type": "hello", "rank": 0, "world_size": 2, "saves": True}),
         json.dumps({"type": "save_begin", "step": 7, "peer": True}),
-        json.dumps({"type": "save_end", "step": 7, "ok": True, "path": "/ckpt/7", "duration_s": 0.5,
+        json.dumps({"type": "save_end", "step": 7, "ok": True, "path": str(checkpoint), "duration_s": 0.5,
                     "peer": True}),
     ]
     run = esiwrap("--sources", "env", "--", PYTHON, "-c", SENDER, *messages)
@@ -99,5 +103,5 @@ def test_a_save_another_node_asked_for_ends_this_nodes_run_too(esiwrap) -> None:
     requested = run.first("save_requested")
     assert (requested["reason"], requested["kind"], requested["remaining_s"]) == ("peer", "peer", None)
     completed = run.first("save_completed")
-    assert (completed["step"], completed["requested"], completed["path"]) == (7, True, "/ckpt/7")
+    assert (completed["step"], completed["requested"], completed["path"]) == (7, True, str(checkpoint))
     assert run.first("child_stopping")["reason"] == "checkpoint complete after a peer node's request"

@@ -3,7 +3,7 @@ a shell) stay ignored for the child, a blocked mask is the child's too, and esiw
 itself the signals it handles; it catches them first thing at start, so a signal that comes while
 it loads (or was pending when it started) is handled as documented once the loop runs.
 
-Real launchers (`nohup`, `sh -c '… &'`) or tests/children/caller_setup.py, which ignores, blocks
+Real launchers (`nohup`, `sh -c '… &'`) or tests/lib/children/caller_setup.py, which ignores, blocks
 or leaves pending what it is told and execs esiwrap. What the child got is read from its
 /proc/PID/status.
 """

@@ -1,5 +1,5 @@
 """`esiwrap status` against live processes that keep a status file the way the supervisor does
-(the real Observer in a real selector loop: tests/children/esiwrap_observed.py)."""
+(the real Observer in a real selector loop: tests/lib/children/esiwrap_observed.py)."""
 
 from __future__ import annotations
 

@@ -225,3 +225,28 @@ def test_a_jobs_runs_share_the_state_the_core_decides() -> None:
         assert record.ending == ("interrupted" if scenario.surprised else "announced")
         if outcome.saved_step is not None:
             assert record.end_step == outcome.saved_step
+
+
+def test_nothing_of_a_job_run_happens_after_its_capacity_went() -> None:
+    """A run reclaimed early (before its deadline, no surprise) is driven up to its reclamation and
+    no further: its record was last refreshed by then and knows the deadline, so the next run
+    closes it as the deadline's reclamation (`announced`), not as an interruption without notice."""
+    import random
+    from dataclasses import replace
+
+    from traces import constant
+
+    from esiwrap.core.config import ControllerConfig
+
+    start = 1_800_000_000.0
+    base = constant(random.Random(7), Params(horizon_s=3600.0, early_prob=1.0, early_max_s=120.0))
+    assert base.reclaim_at < base.deadline
+    scenario = replace(base, capacity="spot", run_id="0-1", prior_runs_at=start)
+    outcome = run_esiwrap(scenario, ControllerConfig())
+    assert outcome.state is not None
+    (record,) = outcome.state.runs
+    assert record.ending == "running"  # it vanished: no stop, no exit came
+    assert record.seen_at <= start + scenario.reclaim_at
+    assert record.deadline_at == pytest.approx(start + scenario.deadline)
+    (closed,) = outcome.state.starting(start + scenario.reclaim_at + 300.0, host="sim").runs
+    assert closed.ending == "announced"

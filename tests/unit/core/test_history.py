@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from esiwrap.core import state
 from esiwrap.core.history import (
+    ANNOUNCED_WITHIN_S,
     HALF_LIFE_S,
     PRIOR_INTERRUPTIONS,
     STALE_AFTER_S,
@@ -198,19 +199,40 @@ def test_vanished_runs_are_closed_as_interruptions() -> None:
     assert [r.ending for r in closed] == ["interrupted", "running", "interrupted"]
 
 
+def test_a_run_that_vanished_at_its_deadline_went_with_it() -> None:
+    """Capacity taken a little before its known deadline (a clock a little off, a reclamation a
+    little early) is the deadline's reclamation, not an interruption without notice: counting it
+    as one would raise the job's learned rate and its periodic saves. Far from the deadline, or
+    with none known, a vanished run was interrupted."""
+    now = 100_000.0
+    seen = now - 10.0
+    near = RunRecord(0.0, seen, "near", host="a", deadline_at=seen + 90.0)
+    at_edge = RunRecord(0.0, seen, "edge", host="a", deadline_at=seen + ANNOUNCED_WITHIN_S)
+    past = RunRecord(0.0, seen, "past", host="a", deadline_at=seen - 30.0)
+    far = RunRecord(0.0, seen, "far", host="a", deadline_at=seen + ANNOUNCED_WITHIN_S + 1.0)
+    unknown = RunRecord(0.0, seen, "unknown", host="a")
+    closed = close_vanished([near, at_edge, past, far, unknown], now, host="a")
+    assert [r.ending for r in closed] == ["announced", "announced", "announced", "interrupted", "interrupted"]
+    assert abs(evidence(closed, None, now).interruptions - 2.0) < 1e-3  # only `far` and `unknown` count
+
+
 @UNTIMED
 @given(st.builds(RunRecord, started_at=st.floats(0, 1e9), seen_at=st.floats(1e9, 2e9),
                  run_id=st.text(max_size=8), nodes=st.integers(1, 4096),
                  capacity=st.sampled_from([None, "spot", "reserved", "on-demand"]),
                  source=st.text(max_size=8), ending=st.sampled_from(["running", "announced", "interrupted"]),
                  start_step=st.none() | st.integers(0, 10**6), end_step=st.none() | st.integers(0, 10**6),
-                 saves=st.integers(0, 9), host=st.text(max_size=8)))
+                 saves=st.integers(0, 9), host=st.text(max_size=8),
+                 deadline_at=st.none() | st.floats(1e9, 3e9)))
 def test_records_round_trip(run: RunRecord) -> None:
     back = record_from_json(record_to_json(run))
     assert back is not None
     assert back.ending == run.ending and back.nodes == run.nodes and back.capacity == run.capacity
     assert back.start_step == run.start_step and back.end_step == run.end_step and back.host == run.host
     assert abs(back.seen_at - run.seen_at) < 1e-2
+    assert (back.deadline_at is None) == (run.deadline_at is None)
+    if back.deadline_at is not None and run.deadline_at is not None:
+        assert abs(back.deadline_at - run.deadline_at) < 1e-2
 
 
 @freeze_time("2026-12-01 00:00:00")

@@ -27,7 +27,8 @@ def test_every_json_line_has_the_contract_fields(esiwrap) -> None:
     for event in run.events:
         assert list(event)[:4] == ["timestamp", "level", "event", "run_id"]
         assert TIMESTAMP.match(event["timestamp"]), event["timestamp"]
-    assert run.names()[0] == "child_started" and run.names()[-1] == "supervisor_exit"
+    assert run.names()[:2] == ["child_started", "settings"] and run.names()[-1] == "supervisor_exit"
+    assert "settings" not in run.first("child_started")  # on a line of its own: lines stay short
 
 
 def test_the_command_sees_the_run_id_socket_and_save_signal(esiwrap) -> None:

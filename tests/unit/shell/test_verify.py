@@ -2,7 +2,7 @@
 
 Every checkpoint here is real: written by torch.save, safetensors, torch.distributed.checkpoint,
 a Lightning Trainer, a Hugging Face Trainer and verl's own `_save_checkpoint` (a subprocess:
-tests/verl_save_driver.py, system lane). A damaged one is made from a good one the way a save
+tests/lib/verl_save_driver.py, system lane). A damaged one is made from a good one the way a save
 goes wrong: cut short at some byte, a file missing, a tracker never written or naming another
 step, a file still being written.
 """

@@ -1,5 +1,5 @@
 """Source `azure`: Azure Scheduled Events for this VM, against a loopback IMDS that follows
-Microsoft's documented API (tests/fakes/azure.py)."""
+Microsoft's documented API (tests/lib/fakes/azure.py)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Source `gcp`: preemption and host-maintenance notices, against a loopback Compute Engine
-metadata server that follows Google's documented API (tests/fakes/gcp.py): the header, the
+metadata server that follows Google's documented API (tests/lib/fakes/gcp.py): the header, the
 ETag, the hanging GET."""
 
 from __future__ import annotations

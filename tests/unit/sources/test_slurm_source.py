@@ -20,6 +20,7 @@ from esiwrap_harness import PYTHON, TINY_TRAINER, EsiwrapRun
 
 from esiwrap import events as ev
 from esiwrap.core import controller as core
+from esiwrap.core.controller.protocol import LAUNCHER_EXIT_S
 from esiwrap.envvars import TRAINER_SIGTERM_ENV
 from esiwrap.sources import slurm
 from esiwrap.sources.chain import ask
@@ -262,7 +263,8 @@ def test_inside_slurm_the_trainer_is_told_to_take_sigterm_as_a_save() -> None:
 
 def test_a_trainer_below_the_child_that_takes_sigterm_gets_its_own_stop_signal() -> None:
     """torchrun passes esiwrap's SIGTERM on to its ranks, which take it as a save request inside
-    Slurm: each such rank is sent its stop signal directly; the child still gets the stop."""
+    Slurm: each such rank is sent its stop signal directly, first; the child gets the stop once
+    that rank has exited (the stop order of docs/reference/signals.md)."""
     driver = Driver()
     driver.hello(CHILD + 1, stop_signal="SIGHUP", sigterm_saves=True)
     driver.hello(CHILD + 2)  # an ordinary rank: the launcher's SIGTERM stops it
@@ -271,8 +273,10 @@ def test_a_trainer_below_the_child_that_takes_sigterm_gets_its_own_stop_signal()
     out += driver.feed(core.SaveBegin(CHILD + 2, 3))
     out += driver.feed(core.SaveEnd(CHILD + 1, 3))
     out += driver.feed(core.SaveEnd(CHILD + 2, 3))
-    assert core.StopChild("SIGTERM") in out
+    assert core.StopChild(None) in out
     assert [s for s in signals(out) if s.signal != "SIGUSR1"] == [core.SendSignal((CHILD + 1,), "SIGHUP")]
+    driver.feed(core.TrainerGone(CHILD + 1))
+    assert signals(driver.advance(LAUNCHER_EXIT_S)) == [core.SendSignal((CHILD,), "SIGTERM")]
 
 
 def test_a_supervised_trainer_survives_a_direct_sigterm_and_a_failed_requeue_still_exits_75(

@@ -1,6 +1,6 @@
 """`esiwrap docs`: where the documentation is, however esiwrap was installed: the checkout it runs
 from, the folder pip installed it from, the package's Documentation URL, else what the terminal
-offers. (From an installed wheel and a checkout path: tests/test_wheel.py.)"""
+offers. (From an installed wheel and a checkout path: tests/system/test_wheel.py.)"""
 
 from __future__ import annotations
 

@@ -58,3 +58,18 @@ def test_exit_codes_past_128_name_the_signal_as_esiwrap_writes_it() -> None:
     assert exit_meaning(128 + rt) == f"the command was killed by {signal_label(rt)}"
     assert signal_label(rt) == "SIGRTMIN+3"
     assert exit_meaning(128 + 72) == "the command's own exit code"
+
+
+def test_the_stop_line_names_the_trainer_stopped_first_and_whether_the_command_needed_a_signal() -> None:
+    """A Ray driver below `bash run.sh` got its SIGINT first: the stop line says so, and says
+    whether bash then needed its own SIGTERM (`child_stop_signalled`) or exited with the driver."""
+    from esiwrap.tools.report import render_text
+
+    stopping = {**EVENT, "event": "child_stopping", "timestamp": "2026-11-30T02:00:01.000Z",
+                "signal": "SIGTERM", "grace_s": 30.0, "reason": "checkpoint complete",
+                "first": [{"pid": 8, "signal": "SIGINT"}]}
+    alone = render_text([summarize([EVENT, stopping])], 0)
+    assert "SIGINT to pid 8 first (the trainer below the command); the command not signalled" in alone
+    signalled = {**EVENT, "event": "child_stop_signalled", "timestamp": "2026-11-30T02:00:04.000Z"}
+    then = render_text([summarize([EVENT, stopping, signalled])], 0)
+    assert "SIGINT to pid 8 first (the trainer below the command), then SIGTERM to the command at" in then

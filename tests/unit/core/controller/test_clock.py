@@ -4,6 +4,8 @@ a run still going long past its deadline asks its sources again."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from controller_driver import CHILD, Driver, exits, logs
 
 from esiwrap.core import controller as core
@@ -67,6 +69,27 @@ def test_a_jump_past_the_deadline_gets_a_last_chance_save_that_ends_in_75() -> N
     d.feed(core.ChildExited(CHILD, 0))
     (done,) = exits(d.feed(core.TreeChecked(0)))
     assert done.code == EXIT_CHECKPOINTED and "after the deadline (a last-chance save" in done.reason
+
+
+def test_a_verified_last_chance_save_still_says_it_came_after_the_deadline() -> None:
+    """With verification on (the command line's default), the stop waits for the check of the
+    last-chance save; the reason it then gives still says how long after the deadline it came."""
+    d = Driver(ControllerConfig(policy=replace(QUICK, verify=True), stop_grace_s=10.0))
+    d.deadline(60.0)
+    d.hello()
+    d.steps(1, 5, 1.0)
+    jump(d, 120.0)
+    d.advance(0.01)
+    d.feed(core.Step(CHILD, 6, 1.0))
+    d.save(6, 0.5, path="/ckpt/6")
+    (check,) = [a for a in d.actions if isinstance(a, core.VerifyCheckpoint)]
+    d.advance(0.2)
+    d.feed(core.CheckpointVerified(check.step, check.path, True, format="torch", checked="a torch zip",
+                                   bytes=1000, files=1))
+    d.feed(core.ChildExited(CHILD, 0))
+    (done,) = exits(d.feed(core.TreeChecked(0)))
+    assert done.code == EXIT_CHECKPOINTED
+    assert "s after the deadline (a last-chance save" in done.reason, done.reason
 
 
 def test_a_last_chance_save_that_does_not_come_is_a_76_that_names_the_jump() -> None:

@@ -21,14 +21,16 @@ CAUSES = sorted({cause for moves in TRANSITIONS.values() for cause in moves})
 
 def test_every_mode_is_in_the_table_and_every_move_lands_on_a_mode() -> None:
     """The table names every mode once; `exited` is the last (nothing moves it), reached from a
-    stop's modes, or from the start when the command is not started (the no-progress guard); once
-    stopping, never back to training."""
+    stop's modes, or before the command starts (the no-progress guard, a restore that failed);
+    once stopping, never back to training; the launch (starting) leads to training or the exit."""
     assert set(TRANSITIONS) == set(Mode)
     assert all(target is STAY for target in TRANSITIONS[Mode.EXITED].values())
-    stopping = {Mode.STOPPING, Mode.KILLING, Mode.UPLOADING, Mode.EXITED}
+    stopping = {Mode.STOPPING, Mode.KILLING, Mode.VERIFYING, Mode.UPLOADING, Mode.EXITED}
     assert {mode for mode, moves in TRANSITIONS.items() if Mode.EXITED in moves.values()} == \
-        stopping - {Mode.EXITED} | {Mode.RUNNING}
-    assert TRANSITIONS[Mode.RUNNING]["not started"] is Mode.EXITED
+        stopping - {Mode.EXITED} | {Mode.STARTING}
+    assert TRANSITIONS[Mode.RUNNING]["launch"] is Mode.STARTING
+    assert TRANSITIONS[Mode.STARTING]["not started"] is Mode.EXITED
+    assert {t for t in TRANSITIONS[Mode.STARTING].values() if t is not STAY} == {Mode.RUNNING, Mode.EXITED}
     for mode in stopping:
         assert {target for target in TRANSITIONS[mode].values() if target is not STAY} <= stopping
 

@@ -68,7 +68,7 @@ class ControllerMachine(RuleBasedStateMachine):
     def hello(self, pid: int, descendant: bool, wants_signal: bool, saves: bool) -> None:
         if pid == CHILD and self.child_gone:
             return
-        taken = (descendant or not wants_signal) and pid not in self.said_bye
+        taken = descendant and pid not in self.said_bye  # only our own tree attaches
         if taken:
             self.attached.add(pid)
         if taken and wants_signal:
