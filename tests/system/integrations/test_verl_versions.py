@@ -27,13 +27,12 @@ HAS = {
 }
 
 
-@pytest.mark.parametrize("loop", list(HAS))
+@pytest.mark.parametrize("loop", [loop for loop, present in HAS.items() if present])
 def test_the_zero_code_check_passes_through_each_loop_of_this_verl(loop: str) -> None:
     """Exit 75 after exactly one save esiwrap asked for, through verl's own `_save_checkpoint`,
     the tracker naming its step; for the loop with no boundary, one `trainer_cannot_save` and a
-    76 whose reason is that warning."""
-    if not HAS[loop]:
-        pytest.skip(f"verl {verl.__version__} has no {loop} loop")
+    76 whose reason is that warning. Each loop this verl has (0.8.0's `main_ppo_sync` is in no
+    other release: scripts/verl_compat.sh runs it on 0.8.0)."""
     result = run(loop, timeout=360)
     assert result["verdict"] == "PASS", json.dumps(result, indent=1)
     assert result["verl"] == verl.__version__
