@@ -155,6 +155,9 @@ class RunReport:
     work_at_risk: dict[str, Any] = field(default_factory=dict)
     uploads: list[dict[str, Any]] = field(default_factory=list)  # --upload: each upload's end
     resume: dict[str, Any] | None = None  # resumed / resume_missed: where the trainer started
+    # each checkpoint's verification: checkpoint_verified / checkpoint_invalid
+    verifications: list[dict[str, Any]] = field(default_factory=list)
+    restore: dict[str, Any] | None = None  # --restore: restored, restore_failed or restore_skipped
     # the interruption rate the periodic saves assumed, and what it rests on (the last periodic plan)
     interruption_rate: str | None = None
     warnings: list[dict[str, Any]] = field(default_factory=list)
@@ -295,6 +298,9 @@ def _ending(report: RunReport, events: Sequence[Event]) -> None:
             report.exit_meaning = exit_meaning(report.exit_code)
 
 
+_RESTORE_OUTCOMES = {ev.RESTORED: "brought back", ev.RESTORE_FAILED: "failed", ev.RESTORE_SKIPPED: "skipped"}
+
+
 def _uploads_and_resume(report: RunReport, events: Sequence[Event]) -> None:
     for e in events:
         name = e["event"]
@@ -306,6 +312,22 @@ def _uploads_and_resume(report: RunReport, events: Sequence[Event]) -> None:
                 upload.update(code=e.get("code"), signal=e.get("signal"),
                               reason=e.get("reason") or e.get("error"), stderr=e.get("stderr"))
             report.uploads.append(upload)
+        elif name in (ev.CHECKPOINT_VERIFIED, ev.CHECKPOINT_INVALID):
+            report.verifications.append({
+                "at": e["timestamp"], "step": e.get("step"), "path": e.get("path"),
+                "outcome": "valid" if name == ev.CHECKPOINT_VERIFIED else "invalid",
+                **{key: e.get(key) for key in ("format", "seconds", "by", "problem")
+                   if e.get(key) is not None}})
+        elif name in (ev.RESTORED, ev.RESTORE_FAILED, ev.RESTORE_SKIPPED):
+            outcome = _RESTORE_OUTCOMES[name]
+            found = (report.restore or {}).get("manifest_step")
+            report.restore = {"at": e["timestamp"], "outcome": outcome,
+                              **{key: e.get(key) for key in ("step", "path", "seconds", "attempt", "problem",
+                                                             "reason") if e.get(key) is not None}}
+            if found is not None:
+                report.restore["manifest_step"] = found
+        elif name == ev.MANIFEST_FOUND:
+            report.restore = {**(report.restore or {}), "manifest_step": e.get("step")}
         elif name in (ev.RESUMED, ev.RESUME_MISSED) and report.resume is None:
             report.resume = {"from_checkpoint": name == ev.RESUMED, "at": e["timestamp"],
                              **{key: e.get(key) for key in ("checkpoint_step", "start_step",
@@ -572,6 +594,7 @@ def _render_run(run: RunReport) -> str:
     out = [f"run {run.run_id}  {run.started_at} -> {_clock(run.ended_at)} ({run.duration_s:g}s), {exit_text}"]
     if run.command:
         out.append(_row("command", " ".join(run.command)))
+    out += _render_restore(run)  # what came back before the command started
     out += _render_resume(run)  # where the run started, before what it did
     out += _render_deadline(run)
     out += _render_saves(run)
@@ -579,6 +602,7 @@ def _render_run(run: RunReport) -> str:
         out.append(_row("rate", run.interruption_rate))
     out += _render_steps(run)
     out += _render_stop(run)
+    out += _render_verifications(run)
     out += _render_uploads(run)
     risk = run.work_at_risk
     out.append(_row("at risk", f"{risk['seconds']:g}s of training: from {_clock(risk['since'])} "
@@ -648,6 +672,35 @@ def _render_resume(run: RunReport) -> list[str]:
     text = (f"{head}: started at step {r['start_step']}, the durable checkpoint holds step "
             f"{r['checkpoint_step']} ({r['steps_redone']} steps redone)")
     return [_row("resume", text), *(_row("", f"  likely: {cause}") for cause in r.get("causes") or [])]
+
+
+def _render_restore(run: RunReport) -> list[str]:
+    """--restore: what came back before the command started, or why nothing did."""
+    r = run.restore
+    if r is None or "outcome" not in r:
+        return []
+    step = r.get("manifest_step")
+    found = f" (named by the newest manifest, step {step})" if step is not None else ""
+    if r["outcome"] == "brought back":
+        text = (f"step {r.get('step')} back to {r.get('path')} in {_num(r.get('seconds'))}s, attempt "
+                f"{r.get('attempt')}{found}")
+    elif r["outcome"] == "failed":
+        text = f"FAILED, step {r.get('step')}, attempt {r.get('attempt')}: {r.get('problem')}"
+    else:
+        text = f"nothing to restore: {r.get('reason')}"
+    return [_row("restore", text)]
+
+
+def _render_verifications(run: RunReport) -> list[str]:
+    rows = []
+    for v in run.verifications:
+        if v["outcome"] == "valid":
+            what = v.get("format") or "unknown format"
+            text = f"step {v['step']} valid ({what}, {_num(v.get('seconds'))}s)"
+        else:
+            text = f"step {v['step']} INVALID: {v.get('problem')}"
+        rows.append(_row("verify", text))
+    return rows
 
 
 def _render_uploads(run: RunReport) -> list[str]:

@@ -73,3 +73,38 @@ def test_the_stop_line_names_the_trainer_stopped_first_and_whether_the_command_n
     signalled = {**EVENT, "event": "child_stop_signalled", "timestamp": "2026-11-30T02:00:04.000Z"}
     then = render_text([summarize([EVENT, stopping, signalled])], 0)
     assert "SIGINT to pid 8 first (the trainer below the command), then SIGTERM to the command at" in then
+
+
+def test_the_restore_and_each_checkpoints_verification_have_their_lines() -> None:
+    """`--restore` and verification in the report: what came back (and the manifest that named
+    it) before the command started, and each checkpoint's verdict, in the text and the JSON."""
+    from esiwrap.tools.report import render_text
+
+    def at(second: int, event: str, **fields: object) -> dict[str, object]:
+        return {**EVENT, "timestamp": f"2026-11-30T02:00:{second:02d}.000Z", "event": event, **fields}
+
+    events = [
+        at(0, "manifest_found", step=1200, path="/ckpt/global_step_1200"),
+        at(1, "restored", step=1200, path="/ckpt/global_step_1200", seconds=41.2, bytes=5, files=2,
+           format="verl", attempt=1),
+        {**EVENT, "timestamp": "2026-11-30T02:00:02.000Z"},  # child_started
+        at(3, "checkpoint_verified", step=1210, path="/ckpt/global_step_1210", format="verl", seconds=0.004,
+           by="built-in"),
+        at(4, "checkpoint_invalid", step=1220, path="/ckpt/global_step_1220", format="verl", seconds=0.002,
+           by="built-in", problem="latest_checkpointed_iteration.txt is missing"),
+        at(5, "supervisor_exit", code=75, reason="checkpoint complete"),
+    ]
+    run = summarize(events)
+    assert run.restore is not None
+    restored = (run.restore["outcome"], run.restore["step"], run.restore["manifest_step"])
+    assert restored == ("brought back", 1200, 1200)
+    assert [(v["step"], v["outcome"]) for v in run.verifications] == [(1210, "valid"), (1220, "invalid")]
+    text = render_text([run], 0)
+    restore = next(line for line in text.splitlines() if line.strip().startswith("restore"))
+    assert "step 1200 back to /ckpt/global_step_1200 in 41.2s, attempt 1" in restore
+    assert "newest manifest, step 1200" in restore
+    verify = [line for line in text.splitlines() if line.strip().startswith("verify")]
+    assert "step 1210 valid (verl" in verify[0]
+    assert "step 1220 INVALID: latest_checkpointed_iteration.txt is missing" in verify[1]
+    skipped = summarize([at(0, "restore_skipped", reason="no complete manifest was found"), EVENT])
+    assert "nothing to restore: no complete manifest was found" in render_text([skipped], 0)
