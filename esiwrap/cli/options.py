@@ -525,7 +525,7 @@ SUBCOMMANDS = ("deadline", "report", "status", "systemd-unit", "docs")
 DOCS_COMMAND = "esiwrap docs"  # where the documentation is, however esiwrap was installed
 # What most runs set (docs/getting-started.md: the deadline or its source, then the state file, the
 # upload and the log on storage that outlives the instance), first in `esiwrap --help`.
-START_HERE = ("--deadline", "--sources", "--state-file", "--upload", "--restore", "--log-file")
+START_HERE = ("--deadline", "--sources", "--state-file", "--upload", "--log-file")
 _SECTION = {section.key: section for section in SECTIONS}
 EXIT_CODES = ("Exit codes: the child's own; 75 stopped after a verified checkpoint (with --upload: and "
               "its upload); 74 with --upload, the last valid checkpoint is on local storage only (its "
