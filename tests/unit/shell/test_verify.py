@@ -871,9 +871,12 @@ def test_a_file_still_being_written_fails(growing: tuple[Path, threading.Event])
     written, with both sizes; the fix says the save was reported ended too early."""
     path, appended = growing
 
-    def sleep(seconds: float) -> None:  # the wait: until the writer has appended once more
-        appended.clear()
-        assert appended.wait(10)
+    def sleep(seconds: float) -> None:  # the wait: until the file has grown past its size now
+        # (an append signals after its flush: the size verify saw may already include it)
+        before = path.stat().st_size
+        while path.stat().st_size <= before:
+            appended.clear()
+            assert appended.wait(10)
 
     verdict = verify(path, settle_s=0.5, sleep=sleep)
     found = re.fullmatch(r"blob\.raw: still being written: (\d+) bytes in 1 file, then (\d+) bytes in 1 file "
