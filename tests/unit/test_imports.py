@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from python_source import parse, parse_file
 
 from esiwrap.cli.options import ALL_RUN_OPTIONS
 from esiwrap.sources import registry
@@ -38,7 +39,7 @@ def imported_names(name: str) -> Iterator[str]:
     `from X import Y` also naming X.Y when that is a module."""
     path = MODULES[name]
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    for node in ast.walk(parse_file(path)):
         if isinstance(node, ast.Import):
             yield from (alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -175,7 +176,7 @@ def test_the_core_does_no_io_and_reads_no_clock(module: str) -> None:
     code with the time as an argument."""
     source = MODULES[module].read_text(encoding="utf-8")
     imported: set[str] = set()
-    for node in ast.walk(ast.parse(source)):
+    for node in ast.walk(parse(source)):
         if isinstance(node, ast.Import):
             imported |= {alias.name.split(".")[0] for alias in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module:

@@ -10,6 +10,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import get_args
 
+from python_source import parse_file
+
 from esiwrap import choices, envvars, events
 from esiwrap.cli.options import ALL_RUN_OPTIONS
 from esiwrap.core.controller import Mode
@@ -25,7 +27,7 @@ ENV_NAME = re.compile(r"ESIWRAP_[A-Z0-9_]*")
 def package_sources(*leave_out: Path) -> Iterator[tuple[Path, ast.Module]]:
     for path in sorted(PACKAGE.rglob("*.py")):
         if path not in leave_out:
-            yield path, ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+            yield path, parse_file(path)
 
 
 def literal_words(node: ast.AST) -> frozenset[str] | None:
@@ -61,7 +63,7 @@ def test_the_start_up_hook_knows_the_same_verl_trainer_modules() -> None:
     without esiwrap): the same list as `esiwrap.integrations`."""
     from esiwrap.integrations import VERL_TRAINER_MODULES
 
-    tree = ast.parse(SITECUSTOMIZE.read_text(encoding="utf-8"))
+    tree = parse_file(SITECUSTOMIZE)
     listed = next(node.value for node in ast.walk(tree) if isinstance(node, ast.Assign)
                   and any(isinstance(t, ast.Name) and t.id == "_TRAINER_MODULES" for t in node.targets))
     names = {n.value for n in ast.walk(listed) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
@@ -134,7 +136,7 @@ def test_report_and_timeline_read_only_events_that_exist() -> None:
     """Every event `esiwrap report` (its timeline, its --what-if) reads is an `events` constant,
     and so a name in `events.ALL`; none spells an event name as a string of its own."""
     for path in READERS:
-        tree = ast.parse(path.read_text(encoding="utf-8"))
+        tree = parse_file(path)
         read = event_constants_used(tree)
         assert read, path
         assert {getattr(events, name) for name in read} <= events.ALL, path
@@ -205,7 +207,7 @@ def test_every_message_becomes_an_input_and_the_channel_takes_no_other() -> None
     from esiwrap.core import controller as core
     from esiwrap.shell import channel as shell_channel
 
-    handled = wire_names_used(ast.parse((PACKAGE / "shell" / "channel.py").read_text(encoding="utf-8")))
+    handled = wire_names_used(parse_file(PACKAGE / "shell" / "channel.py"))
     assert {cls.__name__ for cls in wire.CLASSES.values()} <= handled
     assert set(shell_channel.WIRE_NAMES) == {core.Hello, *core.TRAINER_REPORTS}
     assert set(shell_channel.WIRE_NAMES.values()) <= wire.ALL

@@ -7,6 +7,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from python_source import parse, parse_file
+
 from esiwrap.core import controller, runner
 from esiwrap.shell import supervisor
 
@@ -38,10 +40,10 @@ def test_the_supervisor_uses_only_the_controllers_entry_points() -> None:
     `wake_at` for the loop's timeout); the supervisor reads only `snapshot` (the status line,
     metrics and status file): no attribute of the controller's state, and it calls none of the
     driving ones itself (the job's state comes decided, in `KeepState`)."""
-    tree = ast.parse(SUPERVISOR.read_text(encoding="utf-8"))
+    tree = parse_file(SUPERVISOR)
     reads = controller_reads(tree)
     assert {name for _, name in reads} == VIEWS
-    assert {name for _, name in controller_reads(ast.parse(RUNNER.read_text(encoding="utf-8")))} == DRIVING
+    assert {name for _, name in controller_reads(parse_file(RUNNER))} == DRIVING
     assert all(callable(getattr(controller.Controller, name)) for name in ENTRY_POINTS)
     modes = [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Attribute) and n.attr == "Mode"]
     assert modes == []  # nor does it look at the controller's mode
@@ -49,5 +51,5 @@ def test_the_supervisor_uses_only_the_controllers_entry_points() -> None:
 
 def test_the_check_sees_both_spellings() -> None:
     """`self.controller.mode` and `controller.obs` are both found."""
-    tree = ast.parse("self.controller.mode\ncontroller.obs.saves\nself.config.controller\n")
+    tree = parse("self.controller.mode\ncontroller.obs.saves\nself.config.controller\n")
     assert controller_reads(tree) == [(1, "mode"), (2, "obs")]
