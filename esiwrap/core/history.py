@@ -34,12 +34,11 @@ Everything here is pure: times are arguments.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Literal, TypeGuard
+from typing import Any, Literal
 
-from esiwrap.core.values import CapacityKind
+from esiwrap.core.values import CapacityKind, finite_number
 
 Ending = Literal["running", "announced", "interrupted", "child", "other", "no_progress", "killed"]
 ENDINGS: tuple[Ending, ...] = (
@@ -268,7 +267,7 @@ def record_from_json(obj: object) -> RunRecord | None:
     if not isinstance(obj, dict):
         return None
     started, seen = obj.get("started_at"), obj.get("seen_at")
-    if not (_number(started) and _number(seen)) or float(seen) < float(started):
+    if not (finite_number(started) and finite_number(seen)) or float(seen) < float(started):
         return None
     ending = obj.get("ending")
     capacity = obj.get("capacity")
@@ -284,11 +283,7 @@ def record_from_json(obj: object) -> RunRecord | None:
                      max(1, counts["nodes"]), capacity, source if isinstance(source, str) else "", ending,
                      steps["start_step"], steps["end_step"], counts["saves"], counts["uploads"],
                      counts["uploads_failed"], host if isinstance(host, str) else "",
-                     float(deadline) if _number(deadline) else None)
-
-
-def _number(value: object) -> TypeGuard[float]:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+                     float(deadline) if finite_number(deadline) else None)
 
 
 def _count(value: object) -> bool:

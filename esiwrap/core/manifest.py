@@ -26,13 +26,13 @@ one, durable by its upload). Everything here is pure: the shell reads and writes
 from __future__ import annotations
 
 import json
-import math
 import posixpath
 from typing import Any, NamedTuple
 
 from esiwrap.core.state import JobState, StateIgnored
 from esiwrap.core.state import parse as parse_state
 from esiwrap.core.state import render as render_state
+from esiwrap.core.values import finite_number
 from esiwrap.times import iso_utc
 
 FORMAT = "esiwrap-manifest/1"
@@ -96,7 +96,7 @@ def parse(text: str, now: float, source: str = "") -> Manifest:
         raise ManifestRejected(msg)
     step, path, at = obj.get("step"), obj.get("path"), obj.get("written_at")
     if not isinstance(step, int) or isinstance(step, bool) or step < 0 or not isinstance(path, str) \
-            or not isinstance(at, (int, float)) or isinstance(at, bool) or not math.isfinite(at):
+            or not finite_number(at):
         msg = "no step, path or time"
         raise ManifestRejected(msg)
     state = None

@@ -32,14 +32,13 @@ with a reason (`parse`). The file itself is read and written by the shell (`esiw
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
-from typing import Any, TypeGuard
+from typing import Any
 
 from esiwrap.core.history import KEEP_RUNS, RunRecord, close_vanished, record_from_json, record_to_json
 from esiwrap.core.policy import Prior
-from esiwrap.core.values import Checkpoint
+from esiwrap.core.values import Checkpoint, finite_number
 
 FORMAT = "esiwrap-state/1"
 MAX_AGE_S = 30 * 86_400.0  # older measurements describe other hardware, storage or code
@@ -144,7 +143,7 @@ def parse(text: str, now: float) -> JobState:
         msg = f"not an esiwrap state file (expected format {FORMAT!r})"
         raise StateIgnored(msg)
     raw_updated = obj.get("updated_at")
-    if not _finite_number(raw_updated) or float(raw_updated) > now + 86_400.0:
+    if not finite_number(raw_updated) or float(raw_updated) > now + 86_400.0:
         msg = "corrupt: updated_at is not a time"
         raise StateIgnored(msg)
     updated_at = float(raw_updated)
@@ -190,7 +189,7 @@ def _checkpoint(value: object) -> tuple[Checkpoint | None, str]:
         return None, ""
     step, path, at = value.get("step"), value.get("path", ""), value.get("at")
     if not isinstance(step, int) or isinstance(step, bool) or step < 0 or not isinstance(path, str) \
-            or not _finite_number(at):
+            or not finite_number(at):
         return None, ""
     durable = value.get("durable")
     return Checkpoint(step, float(at), path), durable if isinstance(durable, str) else "completed"
@@ -206,11 +205,7 @@ def _runs(value: object) -> tuple[RunRecord, ...]:
 
 def _durations(obj: dict[str, Any], key: str, keep: int) -> tuple[float, ...]:
     values = obj.get(key, [])
-    if not isinstance(values, list) or not all(_finite_number(v) and v >= 0 for v in values):
+    if not isinstance(values, list) or not all(finite_number(v) and v >= 0 for v in values):
         msg = f"corrupt: {key} must be a list of durations in seconds"
         raise StateIgnored(msg)
     return tuple(float(v) for v in values[-keep:])
-
-
-def _finite_number(value: object) -> TypeGuard[float]:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Literal, NamedTuple, get_args
+from typing import Any, Literal, NamedTuple, TypeGuard, get_args
 
 from esiwrap.times import iso_utc
 
@@ -89,3 +89,9 @@ class Checkpoint(NamedTuple):
     step: int
     completed_at: float
     path: str = ""
+
+
+def finite_number(value: object) -> TypeGuard[float]:
+    """A real, finite number (not a bool, not NaN or infinity): what a time or a duration read
+    from JSON (a state file, a manifest) must be."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)

@@ -16,6 +16,7 @@ from typing import Any
 from esiwrap.core.history import STALE_AFTER_S
 from esiwrap.core.state import JobState, StateIgnored, merged, parse, render
 from esiwrap.errors import UsageError
+from esiwrap.shell.process import pid_exists
 from esiwrap.times import iso_utc
 
 MAX_BYTES = 1 << 20
@@ -220,21 +221,11 @@ def _read_holder(fd: int | None, path: str) -> Holder | None:
 def _gone(holder: Holder, me: Holder, now: float) -> str | None:
     """Why a holder whose lock is still held counts as gone, or None (it is alive)."""
     if holder.host == me.host:
-        return None if _alive(holder.pid) else f"pid {holder.pid} is gone"
+        return None if pid_exists(holder.pid) else f"pid {holder.pid} is gone"
     quiet_s = now - holder.refreshed_at
     if quiet_s > STALE_AFTER_S:
         return f"{holder.host} has not refreshed its lock for {quiet_s:.0f}s"
     return None
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def boot_id() -> str:

@@ -111,3 +111,11 @@ def signals(actions: Iterable[core.Action]) -> list[core.SendSignal]:
 
 def exits(actions: Iterable[core.Action]) -> list[core.Exit]:
     return [a for a in actions if isinstance(a, core.Exit)]
+
+
+def stop_when_due(d: Driver) -> None:
+    """Train on (no further save fits) until esiwrap stops the child; the tree is then gone."""
+    while not any(isinstance(a, core.StopChild) for a in d.actions):
+        d.advance(0.5)
+    d.feed(core.ChildExited(CHILD, None, "SIGTERM", 15))
+    d.feed(core.TreeChecked(0))

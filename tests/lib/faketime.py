@@ -64,6 +64,8 @@ from pathlib import Path
 
 import pytest
 
+from esiwrap.shell.process import pid_exists
+
 SHIM_SOURCE = Path(__file__).resolve().parent / "faketime_shim.c"
 LIBRARY_NAME = "libfaketimeMT.so.1"
 LIBRARY_PLACES = ("/usr/lib/*/faketime", "/usr/lib/faketime", "/usr/local/lib/faketime")
@@ -193,18 +195,8 @@ def remove_stale_shared_memory(since: float) -> None:
     for path in SHARED_MEMORY.glob("*faketime_*"):
         found = re.fullmatch(r"(?:sem\.faketime_sem|faketime_shm)_(\d+)", path.name)
         with contextlib.suppress(OSError):
-            if found and not _alive(int(found[1])) and path.stat().st_mtime >= since - 1:
+            if found and not pid_exists(int(found[1])) and path.stat().st_mtime >= since - 1:
                 path.unlink()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 @pytest.fixture(scope="session")

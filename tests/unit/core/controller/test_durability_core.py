@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from controller_driver import CHILD, Driver, exits, logs
+from controller_driver import CHILD, Driver, exits, logs, stop_when_due
 
 from esiwrap.core import controller as core
 from esiwrap.core import state
@@ -44,14 +44,6 @@ def insured(d: Driver, deadline_s: float) -> None:
         d.steps(step, 1, 1.0)
     d.steps(step + 1, 1, 1.0)
     d.save(step + 1, 0.5, path=f"/ckpt/{step + 1}")
-
-
-def stop_when_due(d: Driver) -> None:
-    """Train on (no further save fits) until esiwrap stops the child; the tree is then gone."""
-    while not any(isinstance(a, core.StopChild) for a in d.actions):
-        d.advance(0.5)
-    d.feed(core.ChildExited(CHILD, None, "SIGTERM", 15))
-    d.feed(core.TreeChecked(0))
 
 
 def test_a_completed_save_starts_its_upload_and_exit_75_waits_for_it() -> None:

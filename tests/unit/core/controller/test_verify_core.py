@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from controller_driver import CHILD, Driver, exits, logs, signals
+from controller_driver import CHILD, Driver, exits, logs, signals, stop_when_due
 
 from esiwrap.core import controller as core
 from esiwrap.core.controller import ControllerConfig, Mode
@@ -74,13 +74,6 @@ def early(config: ControllerConfig = VERIFYING) -> tuple[Driver, int]:
     step = by_hand(d, 3)
     answer(d)
     return d, step
-
-
-def stop_when_due(d: Driver) -> None:
-    while not any(isinstance(a, core.StopChild) for a in d.actions):
-        d.advance(0.5)
-    d.feed(core.ChildExited(CHILD, None, "SIGTERM", 15))
-    d.feed(core.TreeChecked(0))
 
 
 def test_a_completed_save_is_verified_before_it_counts() -> None:
@@ -242,9 +235,11 @@ def test_a_verification_at_the_stop_may_run_until_a_second_before_the_deadline()
     late = Driver(NO_FINAL)
     insured(late, 25)
     stop_when_due(late)
-    late.advance(deadline.at - late.wall - 0.9)
+    late.advance(deadline.at - late.wall - 1.05)
+    assert not logs(late.actions, "checkpoint_invalid")  # still waited for 1.05 s before it
+    late.advance(0.1)  # the cut-off, 1 s before the deadline, falls inside this tenth of a second
     (invalid,) = logs(late.actions, "checkpoint_invalid")
-    assert invalid["by"] == "cut-off" and late.wall <= deadline.at - 0.9
+    assert invalid["by"] == "cut-off" and any(isinstance(a, core.StopVerify) for a in late.actions)
 
 
 def test_the_stop_waits_for_a_verification_that_ends_in_time() -> None:
