@@ -13,16 +13,12 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import sys
+
+import one_rank
 
 
 def main(workdir: str) -> int:
-    with socket.socket() as probe:  # a free port for the one-rank process group
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1",
-                      LOCAL_RANK="0")
     import torch
     import torch.distributed as dist
     from omegaconf import OmegaConf
@@ -31,7 +27,7 @@ def main(workdir: str) -> int:
     from transformers import LlamaConfig, LlamaForCausalLM
     from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
 
-    dist.init_process_group("gloo")
+    one_rank.init_process_group()
     model_dir = os.path.join(workdir, "model")
     config = LlamaConfig(vocab_size=1024, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, torch_dtype="bfloat16")
