@@ -312,11 +312,13 @@ class Uploads:
 
     def not_uploaded_reason(self, last: Checkpoint | None) -> str:
         durable = self.durable
-        step = f"step {last.step}" if last is not None else "the last step"
-        text = f"checkpoint of {step} complete on local storage only: its upload did not finish"
+        if last is None:  # a child that exited 75 on its own, after no save that esiwrap saw
+            text = "no checkpoint of this run was reported to esiwrap, so none was uploaded"
+        else:
+            text = f"checkpoint of step {last.step} complete on local storage only: its upload did not finish"
         if durable is not None:
             text += f" (the last uploaded checkpoint holds step {durable.step})"
-        else:
+        elif last is not None:
             text += " (no checkpoint of this run was uploaded)"
         return text
 

@@ -112,6 +112,23 @@ def test_a_newer_save_waits_for_the_running_upload_and_older_waiting_ones_are_sk
     assert start.step == 30
 
 
+def test_a_child_that_exits_75_on_its_own_without_a_reported_save_exits_74_and_says_why() -> None:
+    """With --upload, 75 promises an uploaded checkpoint. A child's own 75, after no save that
+    esiwrap saw, cannot keep it: 74, and the reason says no checkpoint was reported (not that
+    one's upload failed)."""
+    d = Driver(UPLOADS)
+    d.deadline(600)
+    d.hello()
+    d.steps(1, 3, 1.0)
+    d.feed(core.ChildExited(CHILD, EXIT_CHECKPOINTED))
+    d.feed(core.TreeChecked(0))
+    (exit_,) = exits(d.actions)
+    assert exit_.code == EXIT_NOT_UPLOADED
+    assert "no checkpoint of this run was reported to esiwrap" in exit_.reason
+    assert "upload did not finish" not in exit_.reason
+    assert not [a for a in d.actions if isinstance(a, core.StartUpload)]
+
+
 def test_a_failed_upload_of_the_newest_checkpoint_is_tried_again() -> None:
     """A failure is retried (5 s, then 30 s later), and training is never stopped for it."""
     d = Driver(UPLOADS)
