@@ -119,6 +119,8 @@ def observe_settings(values: Mapping[str, Any], environ: Mapping[str, str]) -> A
 def run(argv: Sequence[str], environ: Mapping[str, str]) -> int:
     args, command = split_run_argv(argv)
     ns = build_run_parser().parse_args(args)
+    if command and list(argv[len(args):len(args) + 1]) != ["--"]:
+        _refuse_subcommand_after_options(command[0], args, environ)
     if not command:
         command = _command_from_env(environ)
     if not command:
@@ -404,6 +406,19 @@ def _refuse_mistyped_subcommand(word: str, environ: Mapping[str, str]) -> None:
     if which(word, environ.get("PATH", os.defpath)) is None:
         fail(f"'{word}' is neither a subcommand nor a command on PATH; did you mean `{close[0]}`? "
              f"(a command goes after --, e.g. esiwrap -- python train.py)")
+
+
+def _refuse_subcommand_after_options(word: str, options: Sequence[str], environ: Mapping[str, str]) -> None:
+    """`esiwrap --sources env:MLP deadline`: a subcommand's name after run options, and no such
+    command on PATH, is the subcommand with its options in the wrong place (not a training
+    command that would end in 127)."""
+    if word not in SUBCOMMANDS:
+        return
+    from esiwrap.shell.process import which
+
+    if which(word, environ.get("PATH", os.defpath)) is None:
+        fail(f"'{word}' is a subcommand: its options go after it, e.g. esiwrap {word} "
+             f"{' '.join(shlex.quote(o) for o in options)} (a command goes after --)")
 
 
 def resume_gc() -> None:

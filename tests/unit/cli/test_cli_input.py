@@ -92,6 +92,18 @@ def test_mistyped_subcommand_suggests_the_real_one(tmp_path: Path) -> None:
 
 
 @pytest.mark.system
+def test_a_subcommand_after_run_options_says_where_its_options_go() -> None:
+    """`esiwrap --sources env:MLP deadline`: the subcommand with its options in front of it is
+    one usage line with the order that works (exit 2), not a command that was not found (127);
+    after `--` the word is a command, as always."""
+    done = _esiwrap("--sources", "env:MLP", "deadline")
+    assert done.returncode == EXIT_USAGE and done.stderr.count("\n") == 1
+    assert "esiwrap deadline --sources env:MLP" in done.stderr
+    after_dashes = _esiwrap("--deadline", "+2h", "--", "deadline")
+    assert after_dashes.returncode == 127
+
+
+@pytest.mark.system
 def test_a_real_command_close_to_a_subcommand_still_runs(tmp_path: Path) -> None:
     """A command on PATH is run even when its name is close to a subcommand."""
     program = tmp_path / "reports"
