@@ -131,8 +131,9 @@ TRAINER_CANNOT_SAVE = _event(
     "pid, reason (what it is and what to do; a save esiwrap asks for is then missed: exit 76 with this "
     "reason, unless another trainer saves)")
 TRAINER_LEFT = _event(
-    "trainer_left", TRAINERS, "a trainer said bye: its process is ending (the library says it at exit)",
-    "pid (it gets no save signal any more: it ignores it until it is gone)")
+    "trainer_left", TRAINERS,
+    "a trainer said bye: its process is ending (the library says it at exit), or it called `uninstall()`",
+    "pid (it gets no save signal any more, and ignores it, until it says hello again)")
 MESSAGE_REFUSED = _event(
     "message_refused", TRAINERS,
     "a message on the trainer channel is not believed and changes nothing (warning; a sender's first "

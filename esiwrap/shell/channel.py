@@ -282,7 +282,7 @@ class TrainerChannel:
             descendant = process.is_descendant(sender, self._own_pid)
             if descendant and message.relay:
                 self._relays.add(sender)
-            return _hello(sender, message, descendant)
+            return _hello(sender, message, descendant, decoded.sent_mono)
         if not (self._watched(sender) or process.is_descendant(sender, self._own_pid)):
             why = core.NOT_IN_TREE if process.pid_exists(sender) else GONE
             self._refusals.refused(sender, name, decoded.pid, why)
@@ -293,10 +293,10 @@ class TrainerChannel:
                 self._refusals.refused(sender, name, decoded.pid, NO_NODE_ANSWER)
                 return None
             return core.DeadlineAnswers((answer,))
-        return _report(sender, message, _report_delay(decoded.sent_mono, received_mono))
+        return _report(sender, message, _report_delay(decoded.sent_mono, received_mono), decoded.sent_mono)
 
 
-def _hello(pid: int, hello: wire.Hello, descendant: bool) -> core.Hello:
+def _hello(pid: int, hello: wire.Hello, descendant: bool, sent_mono: float | None) -> core.Hello:
     stop_signal = signal_number(hello.stop_signal) if hello.stop_signal else None
     nodes = hello.nodes if hello.nodes is not None and hello.nodes > 0 else None
     return core.Hello(
@@ -307,11 +307,12 @@ def _hello(pid: int, hello: wire.Hello, descendant: bool) -> core.Hello:
         resumed_from=(hello.resumed_from or "")[:MAX_PATH] or None,
         nodes=min(nodes, MAX_NODES) if nodes is not None else None,
         sigterm_saves=hello.sigterm == TRAINER_SIGTERM_SAVE,
-        cannot_save=(hello.cannot_save or "")[:MAX_REASON] or None,
+        cannot_save=(hello.cannot_save or "")[:MAX_REASON] or None, sent_mono=sent_mono,
     )
 
 
-def _report(pid: int, message: wire.Message, delay_s: float | None) -> core.Input | None:
+def _report(pid: int, message: wire.Message, delay_s: float | None,
+            sent_mono: float | None = None) -> core.Input | None:
     """A trainer's report (everything but a hello and a deadline) as the controller's input."""
     match message:
         case wire.Step():
@@ -329,7 +330,7 @@ def _report(pid: int, message: wire.Message, delay_s: float | None) -> core.Inpu
         case wire.Start():  # where training starts (the verl hook, after loading)
             return core.TrainingStart(pid, message.step, dict(message.extra))
         case wire.Bye():
-            return core.TrainerLeft(pid)
+            return core.TrainerLeft(pid, sent_mono)
     return None
 
 

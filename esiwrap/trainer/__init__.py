@@ -132,8 +132,9 @@ def install(
         msg = "esiwrap.trainer.install() must be called from the main thread"
         raise RuntimeError(msg)
     chosen = signum if signum is not None else save_signal()
-    if _state.signum is not None:
-        uninstall()
+    if _state.signum is not None:  # installed already: this hello adds to the last one, no bye
+        _restore_handlers()
+        _state.client.close()
     _state.previous = signal.getsignal(chosen)
     signal.signal(chosen, _on_signal)
     _state.signum = chosen
@@ -293,9 +294,31 @@ def _optimizer_bytes(optimizer: Any, seen: set[tuple[int, int]]) -> int:
 
 
 def uninstall() -> None:
-    """Restore the handler that was there before `install()`."""
+    """Take the save handler away: the handler that was there before `install()` is back, and under
+    esiwrap the process says `bye`, so esiwrap sends it no more save signals (until `install()`
+    says hello again). Where that earlier handler was the default action, which kills, the signal
+    is ignored instead while esiwrap supervises: a save signal sent before esiwrap read the bye
+    must not end a process that goes on (a framework's callback uninstalls at the end of
+    training; evaluation or an upload may follow)."""
     if _state.signum is None:
         return
+    signum = _state.signum
+    _restore_handlers()
+    if _state.hello_pid == os.getpid() and _state.client.path is not None:
+        _state.hello_pid = None  # the bye goes now, not again at the process's end
+        if signal.getsignal(signum) == signal.SIG_DFL and signum not in _DEFAULT_HARMLESS:
+            signal.signal(signum, signal.SIG_IGN)
+        _state.client.send(wire.Bye())
+    _state.client.close()
+
+
+# Signals whose default action does not end the process: their default stays after uninstall().
+_DEFAULT_HARMLESS = frozenset({signal.SIGCHLD, signal.SIGURG, signal.SIGWINCH, signal.SIGCONT})
+
+
+def _restore_handlers() -> None:
+    """The save signal's handler (and SIGTERM's, in a Slurm job) as they were before `install()`."""
+    assert _state.signum is not None
     previous = _state.previous if _state.previous is not None else signal.SIG_DFL
     signal.signal(_state.signum, previous)
     _state.signum = None
@@ -304,7 +327,6 @@ def uninstall() -> None:
         before = _state.previous_sigterm
         signal.signal(signal.SIGTERM, before if before is not None else signal.SIG_DFL)
         _state.sigterm_taken, _state.previous_sigterm = False, None
-    _state.client.close()
 
 
 def installed_signal() -> int | None:

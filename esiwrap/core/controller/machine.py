@@ -363,11 +363,12 @@ class Controller:
                     hello.pid, [hello.stop_signal], None,
                     "not in esiwrap's process tree: esiwrap signals only its own tree")
             return
-        if self.roster.has_left(hello.pid):
+        if self.roster.has_left(hello.pid, hello.sent_mono):
             # sent before its bye and come late (another client of the same process, kept while
-            # esiwrap's queue was full): the process is ending and ignores the save signal
+            # esiwrap's queue was full): the process ignores the save signal
             self.out.act(RefuseMessage(hello, SAID_BYE))
             return
+        self.roster.back(hello.pid)  # a hello sent after its bye: install() again
         self._late_first_hello(hello, now)
         earlier = second_stop_signal(self.roster.trainers.get(hello.pid), hello)
         more_nodes = self.roster.attach(hello, now.wall)
@@ -440,7 +441,7 @@ class Controller:
             self._log("warning", ev.STOP_SIGNAL_NOT_HONOURED, pid=pid, asked=asked, used=used, reason=reason)
 
     def _on_trainer_left(self, left: TrainerLeft, now: Now) -> None:
-        if not self.roster.leave(left.pid):
+        if not self.roster.leave(left.pid, left.sent_mono):
             return
         self._log("info", ev.TRAINER_LEFT, pid=left.pid)
         if self.saves.request is not None:

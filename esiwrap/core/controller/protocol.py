@@ -77,6 +77,7 @@ class Hello(NamedTuple):
     nodes: int | None = None  # how many nodes its job spans, if it said (torchrun: world / local)
     sigterm_saves: bool = False  # it takes SIGTERM as a save request (in a Slurm job)
     cannot_save: str | None = None  # why it cannot save on request (with saves=False; the verl hook)
+    sent_mono: float | None = None  # when it was sent, on the sender's monotonic clock (if stamped)
 
 
 class CheckpointSize(NamedTuple):
@@ -105,12 +106,14 @@ class TrainerGone(NamedTuple):
 
 
 class TrainerLeft(NamedTuple):
-    """A trainer said bye: its process is ending and ignores the save signal from now on (it may
-    live on a while, tearing down). It is signalled no more, and a later hello of the same
-    process (one sent before the bye, come late) does not attach it again; once the process has
-    exited (`TrainerGone`), its pid may be another process's."""
+    """A trainer said bye: its process is ending, or `uninstall()` took its save handler away,
+    and it ignores the save signal from now on. It is signalled no more. A hello of the same
+    process sent before the bye and read after it (another client of the process) does not
+    attach it again; one sent after it (`install()` again) does. Once the process has exited
+    (`TrainerGone`), its pid may be another process's."""
 
     pid: int
+    sent_mono: float | None = None  # when the bye was sent, on the sender's monotonic clock
 
 
 class Step(NamedTuple):
@@ -448,7 +451,7 @@ TRAINER_REPORTS = (Step, SaveBegin, SaveSnapshot, SaveEnd, CheckpointSize, Train
 NOT_IN_TREE = "not in esiwrap's process tree"
 NOT_ATTACHED = "not attached: it never said hello (or it said bye)"
 NEVER_BEGUN = "it sent no save_begin for this step"
-SAID_BYE = "it said bye: its process is ending"  # a hello sent before the bye, read after it
+SAID_BYE = "sent before the process said bye, read after it"  # a stale hello: no attach again
 
 Action = (
     SendSignal | StopChild | KillTree | TermLeftovers | CheckTree | Log | NotifyStopping | ExtendStopTimeout

@@ -35,7 +35,7 @@ class Roster:
         self.attached_once = False  # a trainer said hello at some point (a miss says if none did)
         self.nodes = 1  # the most nodes a trainer's hello said its job spans
         self.checkpoint_dir: str | None = None  # the first directory a trainer named
-        self.left: set[int] = set()  # said bye: never signalled again, until the process exits
+        self.left: dict[int, float | None] = {}  # said bye (when it sent it): signalled no more
         self.save_signalled_mono: dict[int, float] = {}  # pid -> when it last got the save signal
         self.warned: set[tuple[int, str]] = set()  # (pid, event): a trainer's warnings, logged once
 
@@ -55,7 +55,7 @@ class Roster:
     def child_exited(self, exited: ChildExited) -> None:
         self.child_status = exited.code if exited.code is not None else 128 + exited.signum
         self.trainers.pop(exited.pid, None)
-        self.left.discard(exited.pid)
+        self.left.pop(exited.pid, None)
 
     def attach(self, hello: Hello, now_wall: float) -> bool:
         """A trainer said hello (again); True when it says the job spans more nodes than known."""
@@ -71,20 +71,28 @@ class Roster:
     def gone(self, pid: int) -> bool:
         """A trainer's process exited (its pid may be another process's later); True when it was
         attached."""
-        self.left.discard(pid)
+        self.left.pop(pid, None)
         return self.trainers.pop(pid, None) is not None
 
-    def leave(self, pid: int) -> bool:
-        """A trainer said bye: its process is ending and ignores the save signal. True when it was
-        attached, or is the direct child that --signal-child signals: it is signalled no more."""
+    def leave(self, pid: int, sent_mono: float | None = None) -> bool:
+        """A trainer said bye: it ignores the save signal from now on. True when it was attached,
+        or is the direct child that --signal-child signals: it is signalled no more."""
         attached = self.trainers.pop(pid, None) is not None or (self.signal_child and pid == self.child_pid)
         if attached:
-            self.left.add(pid)
+            self.left[pid] = sent_mono
         return attached
 
-    def has_left(self, pid: int) -> bool:
-        """Said bye, and its process has not been seen to exit: a hello of it is one sent before."""
-        return pid in self.left
+    def has_left(self, pid: int, hello_sent_mono: float | None = None) -> bool:
+        """Said bye, its process not seen to exit, and a hello of it is not known to be sent after
+        the bye (one sent before it, read late, must not attach it again)."""
+        if pid not in self.left:
+            return False
+        bye_sent = self.left[pid]
+        return bye_sent is None or hello_sent_mono is None or hello_sent_mono <= bye_sent
+
+    def back(self, pid: int) -> None:
+        """A process that said bye said hello again, after it (`install()` after `uninstall()`)."""
+        self.left.pop(pid, None)
 
     def save_signal_sent(self, pids: list[int], now_mono: float) -> None:
         for pid in pids:

@@ -3,7 +3,8 @@
 It calls `esiwrap.trainer.install()` (`--own-handler`: a Python handler of its own instead, as a
 trainer without the library's exit hook has), runs `--steps` steps, and ends (`--end`): it falls
 off the end of the script, calls `sys.exit(3)`, raises an uncaught exception (1) or calls
-`os._exit(4)`.
+`os._exit(4)`. With `--uninstall` it calls `esi.uninstall()` after its steps, as a framework's
+callback does at the end of training, and holds as `evaluating` (evaluation goes on) first.
 
 On its way out it writes where it is: `atexit: <the save signal's disposition>` from an atexit
 hook of its own, registered before `install()`'s and so run after it; then `teardown` from a
@@ -30,6 +31,8 @@ parser.add_argument("--end", choices=["return", "exit", "raise", "os_exit"], def
 parser.add_argument("--steps", type=int, default=3)
 parser.add_argument("--hold", default="", help="a FIFO: stop on the way out until a byte comes")
 parser.add_argument("--own-handler", action="store_true", help="no install(): a handler of its own")
+parser.add_argument("--uninstall", action="store_true",
+                    help="after the steps, uninstall() and hold as `evaluating` (a framework's callback)")
 args = parser.parse_args()
 
 
@@ -71,6 +74,9 @@ for step in range(1, args.steps + 1):
         with esi.saving(step):
             print(f"finishing_trainer: saved {step}", flush=True)
 print("finishing_trainer: finished", flush=True)
+if args.uninstall:  # a framework's callback at the end of training; evaluation follows
+    esi.uninstall()
+    hold("evaluating")
 if args.end == "exit":
     sys.exit(3)
 if args.end == "raise":

@@ -295,6 +295,35 @@ def test_a_save_that_falls_due_after_the_bye_goes_to_nobody(esiwrap, tmp_path: P
     assert run.first("supervisor_exit")["reason"] == "child exited"
 
 
+def test_a_trainer_that_uninstalled_lives_on_through_save_signals(esiwrap, tmp_path: Path) -> None:
+    """`uninstall()` (a framework's callback at the end of training) says bye, and evaluation goes
+    on: a save asked for by hand then finds nobody, and 200 save signals that reach the trainer as
+    if esiwrap had sent them before it read the bye find the signal ignored. The trainer finishes
+    with its own 0 (it used to be killed: 138)."""
+    fifo = tmp_path / "hold"
+    os.mkfifo(fifo)
+    run = esiwrap("--", PYTHON, str(FINISHING_TRAINER), "--hold", str(fifo), "--uninstall")
+    child = run.child_pid()
+    pidfd = os.pidfd_open(child)
+    try:
+        def alive() -> bool:
+            return not select.select([pidfd], [], [], 0)[0]
+
+        run.wait_stdout("evaluating")
+        run.wait_event("trainer_left", 30, pid=child)
+        run.signal(signal.SIGUSR1)
+        assert run.wait_event("no_trainer_attached", 30)["action"] == "ignored"
+        assert send_until_gone(pidfd, signal.SIGUSR1, alive, at_most=200) == 200
+        assert release(fifo, alive), "killed by a save signal after uninstall()"
+        run.wait_stdout("teardown")
+        assert release(fifo, alive)
+    finally:
+        os.close(pidfd)
+    assert run.finish(30) == 0, run.story()
+    assert run.first("child_exited")["signal"] is None
+    assert run.first("supervisor_exit")["reason"] == "child exited"
+
+
 def test_a_child_killed_by_the_save_signal_it_had_no_handler_for_is_told_apart(esiwrap) -> None:
     """--signal-child, and the child never installed a handler: the save signal kills it. The exit
     code stays the child's 128+10; the reason says it was the save signal esiwrap sent, how long

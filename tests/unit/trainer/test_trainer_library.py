@@ -252,6 +252,38 @@ def test_at_exit_the_save_signal_is_ignored_before_the_bye_goes(server: ChannelS
         signal.signal(signal.SIGUSR1, signal.SIG_DFL)
 
 
+def test_uninstall_says_bye_and_the_save_signal_cannot_kill_until_install_says_hello_again(
+        server: ChannelServer) -> None:
+    """`uninstall()` under esiwrap: the bye goes, the save signal is ignored (its earlier action,
+    the default, would kill: a signal esiwrap sent before it read the bye must not), and
+    `install()` again says hello, stamped after the bye."""
+    try:
+        esi.install()
+        esi.uninstall()
+        assert signal.getsignal(signal.SIGUSR1) is signal.SIG_IGN
+        os.kill(os.getpid(), signal.SIGUSR1)  # ignored: this test lives on
+        assert not esi.save_requested()
+        esi.install()
+        os.kill(os.getpid(), signal.SIGUSR1)
+        assert esi.save_requested()
+        got = messages(server)
+        assert [wire.type_of(m.message) for m in got] == ["hello", "bye", "hello"]
+        stamps = [m.sent_mono for m in got]
+        assert None not in stamps and stamps == sorted(stamps) and len(set(stamps)) == 3
+        esi._say_bye()
+        assert [wire.type_of(m.message) for m in messages(server)] == ["bye"]  # the process's end
+    finally:
+        signal.signal(signal.SIGUSR1, signal.SIG_DFL)
+
+
+def test_uninstall_without_esiwrap_gives_the_default_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No esiwrap (no socket): nothing to say bye to, and `uninstall()` restores what was there."""
+    monkeypatch.delenv(SOCKET_ENV, raising=False)
+    esi.install()
+    esi.uninstall()
+    assert signal.getsignal(signal.SIGUSR1) is signal.SIG_DFL
+
+
 class Finishing:
     """`children/finishing_trainer.py` started without esiwrap, read line by line with bounded waits."""
 

@@ -507,6 +507,24 @@ def test_a_hello_after_the_bye_of_the_same_process_does_not_attach_it_again() ->
     assert [s.pids for s in signals(d.actions)] == [(5001,)]
 
 
+def test_a_hello_sent_after_the_bye_attaches_the_process_again() -> None:
+    """`uninstall()` says bye and the process lives on; `install()` again says hello. The sender's
+    stamps tell that hello (sent after the bye: attached, signalled) from one sent before the bye
+    and read after it (refused)."""
+    d = Driver()
+    d.feed(core.Hello(5001, sent_mono=10.0))
+    d.feed(core.TrainerLeft(5001, sent_mono=20.0))
+    d.feed(core.Hello(5001, sent_mono=15.0))  # sent before the bye, read late
+    (rejected,) = [a for a in d.actions if isinstance(a, core.RefuseMessage)]
+    assert rejected.refused.pid == 5001 and rejected.reason == core.SAID_BYE
+    d.feed(core.SignalReceived("SIGUSR1"))
+    assert signals(d.actions) == []
+    d.feed(core.Hello(5001, sent_mono=30.0))  # install() again
+    assert [e["pid"] for e in logs(d.actions, "trainer_attached")] == [5001, 5001]
+    d.feed(core.SignalReceived("SIGUSR1"))
+    assert [s.pids for s in signals(d.actions)] == [(5001,)]
+
+
 def test_signal_child_sends_nothing_to_a_child_that_said_bye() -> None:
     """--signal-child signals the direct child without a hello; not once it said bye."""
     d = Driver(ControllerConfig(signal_child=True))
