@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from controller_driver import CHILD, Driver, exits, logs
+from controller_driver import CHILD, Driver, exits, logs, signals
 
 from esiwrap.core import controller as core
 from esiwrap.core.controller import ControllerConfig
@@ -64,6 +64,7 @@ def test_a_jump_past_the_deadline_gets_a_last_chance_save_that_ends_in_75() -> N
     assert alive["clock_jump"]["jump_s"] == 120.0 and "last-chance" in alive["action"]
     (asked,) = logs(out, "save_requested")
     assert asked["reason"] == "last_chance" and asked["pids"] == [CHILD]
+    assert [(s.pids, s.signal) for s in signals(out)] == [((CHILD,), "SIGUSR1")]
     d.feed(core.Step(CHILD, 6, 1.0))
     d.save(6, 0.5)
     d.feed(core.ChildExited(CHILD, 0))
@@ -114,6 +115,7 @@ def test_a_deadline_passed_with_nobody_attached_is_still_a_plain_miss() -> None:
     d.deadline(30.0)
     d.advance(31.0)
     assert logs(d.actions, "deadline_passed_alive") == [] and logs(d.actions, "save_missed")
+    assert signals(d.actions) == [] and any(isinstance(a, core.StopChild) for a in d.actions)
 
 
 def test_a_run_still_going_a_minute_past_its_deadline_asks_its_sources_again() -> None:

@@ -290,8 +290,10 @@ def test_a_sigterm_save_that_is_invalid_is_saved_again() -> None:
     d.feed(core.SignalReceived("SIGTERM"))
     d.steps(4, 1, 1.0)
     d.save(4, 0.5)
+    before = len(signals(d.actions))
     answer(d, ok=False)
     assert logs(d.actions, "save_requested")[-1]["reason"] == "invalid"
+    assert [s.pids for s in signals(d.actions)[before:]] == [(CHILD,)]
     d.steps(5, 1, 0.5)
     d.save(5, 0.5)
     answer(d)
@@ -306,8 +308,11 @@ def test_the_last_save_waits_for_its_verification_before_the_stop() -> None:
     d = Driver(replace(NO_FINAL, policy=replace(NO_FINAL.policy, redundant_s=30.0)))
     step = insured(d, 120)
     assert not any(isinstance(a, core.StopChild) for a in d.actions)
+    before = len(signals(d.actions))
     answer(d, ok=False)
     assert logs(d.actions, "save_requested")[-1]["reason"] == "invalid"
+    assert [s.pids for s in signals(d.actions)[before:]] == [(CHILD,)]
+    assert not any(isinstance(a, core.StopChild) for a in d.actions)  # the stop waits for it
     d.steps(step + 1, 1, 1.0)
     d.save(step + 1, 0.5, path=f"/ckpt/{step + 1}")
     answer(d)
