@@ -313,7 +313,8 @@ MANIFEST_FOUND = _event(
 RESTORE_STARTED = _event(
     "restore_started", RESTORES, "`--restore`: the command runs to bring the checkpoint back",
     "step, path, pid, attempt, expected_s (the longest restore measured, if any), cutoff_in_s (how long it "
-    "may take: the insurance save must still fit before the deadline; null without a deadline)")
+    "may take; null without a deadline), cutoff_for (the save that must still fit before the deadline: `the "
+    "insurance save`, or in a slot already too short for it `the final save`)")
 RESTORED = _event(
     "restored", RESTORES, "the checkpoint is back and verified: the command starts",
     "step, path, seconds (the restore and its verification), bytes, files, format, attempt")

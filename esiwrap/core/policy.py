@@ -55,7 +55,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from esiwrap.core.history import (
@@ -536,11 +536,31 @@ def restore_estimate_s(obs: Observations) -> float | None:
     return None if longest is None else longest * UPLOAD_SAFETY_FACTOR
 
 
-def restore_cutoff_at(deadline: float, obs: Observations, config: PolicyConfig) -> float:
-    """The latest moment a restore may end: the insurance save's signal, planned as if training
-    had started (a step, then the save, its verification and upload, the reserve before the
-    deadline). A restore that ends later leaves a run that cannot save before the deadline."""
-    return plan_save(deadline, obs, config, "insurance").nominal_at
+RestoreBound = Literal["insurance", "final"]
+
+
+def restore_bound(deadline: float, obs: Observations, config: PolicyConfig, now: float,
+                  expected_s: float) -> RestoreBound:
+    """Which save a restore that starts `now` must leave room for: the insurance save, when an
+    attempt of `expected_s` still ends before its moment; else (a slot already short) a final
+    save: the run then saves as soon as it can, as with any deadline too close for the
+    insurance."""
+    insurance = plan_save(deadline, obs, config, "insurance").nominal_at
+    return "insurance" if now + expected_s < insurance else "final"
+
+
+def restore_cutoff_at(deadline: float, obs: Observations, config: PolicyConfig,
+                      bound: RestoreBound = "insurance") -> float:
+    """The latest moment a restore may end: the `bound` save's signal, planned as if training had
+    started (a step, then the save, its verification and upload, and the reserve before the
+    deadline: `--redundant-time` for the insurance, `--final-margin` for a final save). A
+    restore that ends later leaves a run that cannot save before the deadline. For a final
+    save, what is not measured yet counts at its guess (`--save-duration`, `--upload-duration`),
+    without the insurance's caution (`--unmeasured-factor`): this bound decides whether to try
+    at all, and a restore not tried is a job that cannot go on."""
+    if bound == "final":
+        config = replace(config, unmeasured_factor=1.0)
+    return plan_save(deadline, obs, config, bound).nominal_at
 
 
 def upload_attempt_s(obs: Observations, config: PolicyConfig) -> float:

@@ -938,6 +938,7 @@ class Controller:
         adopted, old = self.book.adopt(new, now, self.obs.capacity)
         if not adopted:
             return
+        self.restoring.deadline_known(now, new)
         self.stopping.deadline_moved(new, now)
         later = old is None or new.at > old.at
         if later and self.modes.move("deadline renewed"):  # continuing: training goes on planned

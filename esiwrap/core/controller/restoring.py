@@ -8,12 +8,20 @@ back to this instance when it is not here.
 
 A failed attempt (the command failed, or what came back is not valid) is tried again after 5 s,
 then 30 s: RESTORE_ATTEMPTS attempts in all, each started only where an attempt of the expected
-length (the longest restore the job measured) still ends before the cut-off: with a deadline, the
-latest moment the insurance save could be signalled (a step, the save, its verification and upload,
-and `--redundant-time` before the deadline); without one, the attempts alone bound it. When the
-bound is spent, esiwrap stops (exit 66), or with `--restore-optional` starts the command anyway:
-never silently from scratch. This part keeps the restore's state, its timers and its log lines;
-the controller acts across parts (the verification, the job's state, the exit).
+length (the longest restore the job measured) still ends before the cut-off:
+
+    the manifests   a few small files, fetched before the job's measurements are back: the
+                    deadline, less `--final-margin`
+    the restore     the latest moment the insurance save could be signalled (a step, the save, its
+                    verification and upload, and `--redundant-time` before the deadline); where a
+                    first attempt would not end before it (a slot already short), the latest moment
+                    a final save could (`--final-margin` in place of `--redundant-time`), and the
+                    run then saves as soon as it can
+    no deadline     the attempts alone bound it
+
+When the bound is spent, esiwrap stops (exit 66), or with `--restore-optional` starts the command
+anyway: never silently from scratch. This part keeps the restore's state, its timers and its log
+lines; the controller acts across parts (the verification, the job's state, the exit).
 """
 
 from __future__ import annotations
@@ -38,7 +46,13 @@ from esiwrap.core.controller.protocol import (
 from esiwrap.core.controller.timers import Timer
 from esiwrap.core.controller.uploads import upload_retry_wait_s
 from esiwrap.core.manifest import Manifest, newest
-from esiwrap.core.policy import Observations, restore_cutoff_at, restore_estimate_s
+from esiwrap.core.policy import (
+    Observations,
+    RestoreBound,
+    restore_bound,
+    restore_cutoff_at,
+    restore_estimate_s,
+)
 from esiwrap.core.values import Checkpoint, Deadline
 from esiwrap.errors import EXIT_NOT_RESTORED
 from esiwrap.times import iso_utc
@@ -66,6 +80,10 @@ class Restoring:
         self.started_mono = 0.0  # this attempt's start
         self.retry_at: float | None = None  # monotonic
         self.failures: list[str] = []  # what went wrong, attempt by attempt (the exit reason)
+        # The save the cut-off leaves room for: decided as a stage's first attempt starts, or when
+        # the deadline becomes known after that (the shell asks its sources once the command is held)
+        self.bound: RestoreBound = "insurance"
+        self._bound_open = False
 
     @property
     def active(self) -> bool:
@@ -138,6 +156,8 @@ class Restoring:
     def _attempt(self, now: Now, deadline: Deadline | None) -> Outcome:
         checkpoint = self.checkpoint
         assert checkpoint is not None
+        if self.attempt == 0:
+            self._choose_bound(now, deadline)
         cutoff = self._cutoff_mono(now, deadline)
         if cutoff is not None and now.mono >= cutoff:
             self.attempt += 1
@@ -159,7 +179,8 @@ class Restoring:
         expected = restore_estimate_s(self._obs)
         self._out.log("info", ev.RESTORE_STARTED, step=checkpoint.step, path=checkpoint.path, pid=started.pid,
                       attempt=self.attempt, expected_s=rounded(expected) if expected is not None else None,
-                      cutoff_in_s=rounded(cutoff - now.mono) if cutoff is not None else None)
+                      cutoff_in_s=rounded(cutoff - now.mono) if cutoff is not None else None,
+                      cutoff_for=f"the {self.bound} save" if cutoff is not None else None)
 
     def exited(self, exited: RestoreExited, now: Now, deadline: Deadline | None) -> Outcome:
         if self.stage != "command" or (self.pid is not None and exited.pid != self.pid):
@@ -227,8 +248,9 @@ class Restoring:
         if self.stage == "command" or self.stage == "manifests":
             self._out.act(StopRestore("SIGKILL"))
         self.pid = None
-        return self._failed(now, deadline, problem="cut off: it did not end before the latest moment the "
-                            "insurance save could still fit before the deadline", fix=FIX_NO_TIME,
+        what = "the deadline" if self.stage == "manifests" else \
+            f"the latest moment the {self.bound} save could still fit before the deadline"
+        return self._failed(now, deadline, problem=f"cut off: it did not end before {what}", fix=FIX_NO_TIME,
                             retry=False)
 
     def stop(self) -> None:
@@ -245,18 +267,39 @@ class Restoring:
         return (f"--restore could not bring back {what} after {self.attempt} attempt(s): {last}; not started "
                 "(--restore-optional starts it anyway)")
 
+    def _choose_bound(self, now: Now, deadline: Deadline | None) -> None:
+        """Which save the cut-off leaves room for, decided as a stage's first attempt starts (or as
+        soon as the deadline is known)."""
+        self._bound_open = deadline is None
+        if deadline is None:
+            return
+        expected = restore_estimate_s(self._obs) or 0.0
+        self.bound = restore_bound(deadline.at, self._obs, self._config.policy, now.wall, expected)
+
+    def deadline_known(self, now: Now, deadline: Deadline) -> None:
+        """A deadline came while restoring: the stage's cut-off is decided now, if it was not."""
+        if self.active and self._bound_open:
+            self._choose_bound(now, deadline)
+
+    def _cutoff_wall(self, deadline: Deadline) -> float:
+        """The manifests (a few small files) are fetched before the job's measurements are back, on
+        which any save plan would be a guess: they are bounded by the deadline (less
+        `--final-margin`) alone. The restore by the save it must leave room for."""
+        if self.stage == "manifests":
+            return deadline.at - self._config.policy.final_margin_s
+        return restore_cutoff_at(deadline.at, self._obs, self._config.policy, self.bound)
+
     def _cutoff_mono(self, now: Now, deadline: Deadline | None) -> float | None:
         if deadline is None:
             return None
-        return now.mono + restore_cutoff_at(deadline.at, self._obs, self._config.policy) - now.wall
+        return now.mono + self._cutoff_wall(deadline) - now.wall
 
     def timers(self, deadline: Deadline | None) -> list[Timer]:
         timers = []
         if self.stage == "retry" and self.retry_at is not None:
             timers.append(Timer("restore retry", "mono", self.retry_at))
         if self.stage in ("command", "verifying", "manifests") and deadline is not None:
-            timers.append(Timer("restore cut-off", "wall",
-                                restore_cutoff_at(deadline.at, self._obs, self._config.policy)))
+            timers.append(Timer("restore cut-off", "wall", self._cutoff_wall(deadline)))
         return timers
 
 

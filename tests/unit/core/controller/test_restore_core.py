@@ -146,12 +146,67 @@ def test_the_restore_is_planned_against_the_deadline() -> None:
     assert exits(d.actions)[0].code == EXIT_NOT_RESTORED
 
 
-def test_no_attempt_starts_when_the_deadline_leaves_no_time() -> None:
+def test_a_slot_too_short_for_the_insurance_save_still_restores_while_a_final_save_fits() -> None:
+    """60 s left: the insurance save's moment (a step, the save and --redundant-time 60 s before the
+    deadline) has passed, but a save with --final-margin (5 s) still fits: the restore runs, cut
+    off where that final save could no longer be signalled; the run then saves at once."""
     d = launch(deadline_s=60.0)
+    d.feed(core.CheckpointLooked(CHECKPOINT.path, False))
+    assert of(d, core.StartRestore) == [core.StartRestore(1200, CHECKPOINT.path, 1)]
+    d.feed(core.RestoreStarted(RESTORER))
+    (started,) = logs(d.actions, "restore_started")
+    assert started["cutoff_for"] == "the final save"
+    assert started["cutoff_in_s"] == pytest.approx(60.0 - 10.0 - 31.5 - 5.0, abs=0.01)  # save 30 s x 1.05
+    d.advance(2.0)
+    d.feed(core.RestoreExited(RESTORER, 0))
+    verified(d)
+    assert logs(d.actions, "restored") and of(d, core.StartCommand)
+
+
+def test_no_attempt_starts_when_not_even_a_final_save_fits() -> None:
+    d = launch(deadline_s=30.0)
     d.feed(core.CheckpointLooked(CHECKPOINT.path, False))
     assert of(d, core.StartRestore) == []
     assert logs(d.actions, "restore_failed")[-1]["problem"] == "no time left for a restore"
     assert exits(d.actions)[0].code == EXIT_NOT_RESTORED
+
+
+def test_manifests_are_fetched_though_the_plans_guesses_leave_the_insurance_no_time() -> None:
+    """A new instance with no state file, the deadline 300 s away and --redundant-time 270: before
+    the manifests bring the job's measured save back, the insurance save is planned on the guess
+    (x the unmeasured factor) and its moment has passed. The manifests, a few small files, are
+    fetched all the same, bounded by the deadline alone, and the restore is then planned on the
+    measured save: still no room for the insurance, so it is bounded by a final save's."""
+    guessing = replace(MANIFESTS, policy=replace(POLICY, redundant_s=270.0, save_duration_s=60.0,
+                                                 unmeasured_factor=6.0))
+    d = Driver(start=False, controller=Controller(guessing, job=Job(None, T0)))
+    d.feed(core.Launch())
+    d.feed(core.DeadlineAnswers((Answer("cli", deadline=Deadline(T0 + 300.0, "cli")),)))
+    assert of(d, core.FetchManifests) == [core.FetchManifests(1)]
+    d.advance(290.0)  # still fetching: 5 s before the deadline (--final-margin) it would be cut off
+    assert logs(d.actions, "restore_failed") == []
+    d.advance(5.0)
+    assert logs(d.actions, "restore_failed")[-1]["problem"] == "cut off: it did not end before the deadline"
+
+
+def test_manifests_come_back_and_the_restore_is_planned_on_the_measured_save() -> None:
+    """The same instance, the manifests back in a second: the restore's cut-off is planned on the
+    save the job measured (42 s) and still leaves no room for the insurance: a final save's."""
+    guessing = replace(MANIFESTS, policy=replace(POLICY, redundant_s=270.0, save_duration_s=60.0,
+                                                 unmeasured_factor=6.0))
+    d = Driver(start=False, controller=Controller(guessing, job=Job(None, T0)))
+    d.feed(core.Launch())
+    d.feed(core.DeadlineAnswers((Answer("cli", deadline=Deadline(T0 + 300.0, "cli")),)))
+    d.advance(1.0)
+    d.feed(core.ManifestsFetched(0, manifests=(manifest(1100, T0 - 4000),)))
+    d.feed(core.CheckpointLooked("/ckpt/global_step_1100", False))
+    d.feed(core.RestoreStarted(RESTORER))
+    (started,) = logs(d.actions, "restore_started")
+    assert started["cutoff_for"] == "the final save"  # 42 s measured: still no room for the insurance
+    d.advance(3.0)
+    d.feed(core.RestoreExited(RESTORER, 0))
+    verified(d)
+    assert logs(d.actions, "restored") and of(d, core.StartCommand) and not exits(d.actions)
 
 
 def test_a_sigterm_while_restoring_stops_the_restore_and_exits_75() -> None:
