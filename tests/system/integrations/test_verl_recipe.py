@@ -2,8 +2,10 @@
 start.sh, the unchanged run_qwen2-7b.sh behind `bash` (run, not exec'd), a real verl Ray driver,
 the checkpoint uploaded to an S3-compatible store on loopback by upload-to-tos.sh with the real
 `aws` CLI, its manifest last, exit 75; then the next instance: an empty disk (no checkpoint, no
-state file), esiwrap's --restore-manifests finds the job's checkpoint in the store, --restore
-brings it back (restore-from-tos.sh) and verifies it, and verl resumes from it.
+state file) and the deadline in MLP_CURRENT_CAPACITY_BLOCK_EXPIRATION_TIMESTAMP, as the guide's
+install script gives it: esiwrap's --restore-manifests finds the job's checkpoint in the store,
+--restore brings it back (restore-from-tos.sh) and verifies it, verl resumes from it, and the
+deadline's save ends the run in exit 75.
 
 What stands in for what the container has: `python3` on PATH runs tests/lib/verl_driver.py for
 `-m verl.trainer.main_ppo` (its TaskRunner runs verl's real V1 loop on CPU, the step a sleep)
@@ -24,11 +26,12 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from esiwrap_harness import PYTHON, ROOT, EsiwrapRun, processes_with_marker, wait_until
+from esiwrap_harness import PYTHON, ROOT, EsiwrapRun, event_time, processes_with_marker, wait_until
 from install_commands import COMMANDS
 from ray_cluster import ray_env
 from s3_store import AWS, S3Store
@@ -40,6 +43,7 @@ DRIVER = ROOT / "tests" / "lib" / "verl_driver.py"
 BUCKET = "grpo-bucket"
 JOB = "grpo-qwen2-7b"
 RAY_TIMEOUT_S = 240.0
+MLP = "MLP_CURRENT_CAPACITY_BLOCK_EXPIRATION_TIMESTAMP"
 pytestmark = [pytest.mark.system, pytest.mark.timeout(600)]
 
 # `python3 -m verl.trainer.main_ppo ARGS` -> the CPU driver with the same overrides, at the same pid
@@ -106,11 +110,13 @@ def docker_stop(run: EsiwrapRun, after_step: int) -> int:
 
 def test_the_recipe_behind_bash_saves_uploads_stops_with_sigint_and_resumes_on_the_next_instance(
         short_tmp: Path, store: S3Store, runs: list[EsiwrapRun]) -> None:
-    """Run 1: the driver below bash asked for SIGINT; at the stop it gets SIGINT first and shuts
-    Ray down (not SIGTERM, Ray's abort), bash exits after it by itself and gets no signal; the
-    save esiwrap asked for is uploaded (checkpoint, then its manifest), exit 75. Run 2, on an
-    empty disk: the manifest names the checkpoint, it comes back from the store and is verified,
-    verl resumes from it (`resumed`, no step redone), and the next checkpoint is uploaded too."""
+    """Run 1 (`docker stop`): the driver below bash asked for SIGINT; at the stop it gets SIGINT
+    first and shuts Ray down (not SIGTERM, Ray's abort), bash exits after it by itself and gets no
+    signal; the save esiwrap asked for is uploaded (checkpoint, then its manifest), exit 75. Run 2,
+    on an empty disk, with the deadline the guide's install script gives the container
+    (MLP_CURRENT_CAPACITY_BLOCK_EXPIRATION_TIMESTAMP): the manifest names the checkpoint, it comes
+    back from the store and is verified, verl resumes from it (`resumed`, no step redone), the
+    deadline's save is taken and uploaded, and esiwrap exits 75 before the deadline."""
     env = container_env(short_tmp, store)
     first = start_container(short_tmp, env, runs)
     code = docker_stop(first, after_step=3)
@@ -140,9 +146,18 @@ def test_the_recipe_behind_bash_saves_uploads_stops_with_sigint_and_resumes_on_t
     assert wait_until(lambda: not processes_with_marker(str(short_tmp / "ray")), timeout=30)
 
     shutil.rmtree(short_tmp / "instance")  # the next time slot: a new instance, an empty disk
-    second = start_container(short_tmp, env, runs)
-    code = docker_stop(second, after_step=step + 2)
+    # Its end is the deadline, as the guide's install script puts it into the container (far
+    # enough for Ray to start on a busy node; the insurance save is planned 270 s before it).
+    deadline = int(time.time()) + 300
+    slot = {k: v for k, v in env.items() if k != "ESIWRAP_DEADLINE"}  # sources: cli, env
+    slot.update({MLP: str(deadline), "ESIWRAP_REDUNDANT_TIME": "270"})
+    second = start_container(short_tmp, slot, runs)
+    code = second.finish(timeout=RAY_TIMEOUT_S + 60)
     assert code == EXIT_CHECKPOINTED, (second.names(), second.other_lines[-30:])
+    resolved = second.first("deadline_resolved")
+    assert (resolved["source"], resolved["raw"]) == ("env:MLP", str(deadline))
+    assert second.first("save_requested")["reason"] == "deadline"
+    assert event_time(second.first("supervisor_exit")) < deadline
     found = second.first("manifest_found")
     assert found["step"] == step
     restored = second.first("restored")
