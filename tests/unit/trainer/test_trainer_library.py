@@ -260,6 +260,7 @@ def test_uninstall_says_bye_and_the_save_signal_cannot_kill_until_install_says_h
     """`uninstall()` under esiwrap: the bye goes, the save signal is ignored (its earlier action,
     the default, would kill: a signal esiwrap sent before it read the bye must not), and
     `install()` again says hello, stamped after the bye."""
+    signal.signal(signal.SIGUSR1, signal.SIG_DFL)  # a trainer's start (a test before may have left a handler)
     try:
         esi.install()
         esi.uninstall()
@@ -282,9 +283,13 @@ def test_uninstall_says_bye_and_the_save_signal_cannot_kill_until_install_says_h
 def test_uninstall_without_esiwrap_gives_the_default_back(monkeypatch: pytest.MonkeyPatch) -> None:
     """No esiwrap (no socket): nothing to say bye to, and `uninstall()` restores what was there."""
     monkeypatch.delenv(SOCKET_ENV, raising=False)
-    esi.install()
-    esi.uninstall()
-    assert signal.getsignal(signal.SIGUSR1) is signal.SIG_DFL
+    before = signal.signal(signal.SIGUSR1, signal.SIG_DFL)  # what a trainer starts with
+    try:
+        esi.install()
+        esi.uninstall()
+        assert signal.getsignal(signal.SIGUSR1) is signal.SIG_DFL
+    finally:
+        signal.signal(signal.SIGUSR1, before)
 
 
 class Finishing:
