@@ -14,7 +14,8 @@ length (the longest restore the job measured) still ends before the cut-off:
                     deadline, less `--final-margin`
     the restore     the latest moment the insurance save could be signalled (a step, the save, its
                     verification and upload, and `--redundant-time` before the deadline); where a
-                    first attempt would not end before it (a slot already short), the latest moment
+                    first attempt would not end before it (a slot already short; its length: the
+                    longest restore measured, else `--upload-duration`), the latest moment
                     a final save could (`--final-margin` in place of `--redundant-time`), and the
                     run then saves as soon as it can
     no deadline     the attempts alone bound it
@@ -273,7 +274,9 @@ class Restoring:
         self._bound_open = deadline is None
         if deadline is None:
             return
-        expected = restore_estimate_s(self._obs) or 0.0
+        # Never measured: a transfer's guess (`--upload-duration`, the same network), so that an
+        # insurance moment a few seconds ahead does not cut a restore off a few seconds in
+        expected = restore_estimate_s(self._obs) or self._config.policy.upload_duration_s
         self.bound = restore_bound(deadline.at, self._obs, self._config.policy, now.wall, expected)
 
     def deadline_known(self, now: Now, deadline: Deadline) -> None:

@@ -163,6 +163,18 @@ def test_a_slot_too_short_for_the_insurance_save_still_restores_while_a_final_sa
     assert logs(d.actions, "restored") and of(d, core.StartCommand)
 
 
+def test_an_insurance_moment_a_few_seconds_ahead_does_not_cut_a_first_restore_short() -> None:
+    """The insurance save's moment is 10 s ahead and no restore was ever measured: a transfer's
+    guess (--upload-duration, 60 s) would not end by then, so the restore is bounded by a final
+    save's room, not cut off 10 s in."""
+    d = launch(deadline_s=117.5)
+    d.feed(core.CheckpointLooked(CHECKPOINT.path, False))
+    d.feed(core.RestoreStarted(RESTORER))
+    (started,) = logs(d.actions, "restore_started")
+    assert started["cutoff_for"] == "the final save"
+    assert started["cutoff_in_s"] == pytest.approx(117.5 - 10.0 - 31.5 - 5.0, abs=0.01)
+
+
 def test_no_attempt_starts_when_not_even_a_final_save_fits() -> None:
     d = launch(deadline_s=30.0)
     d.feed(core.CheckpointLooked(CHECKPOINT.path, False))
