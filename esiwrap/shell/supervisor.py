@@ -90,10 +90,18 @@ class SupervisorConfig:
 
 @dataclass
 class _Helper:
-    """A helper command other than the upload (verify, restore, manifests), and what its end does."""
+    """A helper command (upload, verify, restore, manifests), and what its end does."""
 
     process: upload.UploadProcess
     ended: Callable[[upload.UploadProcess, core.ChildExited], None]
+
+
+@dataclass
+class _NotStarted:
+    """Why a helper command did not start, and the exit code that stands for it, if any."""
+
+    error: str
+    code: int | None = None
 
 
 class _VerifyJob:
@@ -138,7 +146,7 @@ class Supervisor(Effects):
         self._child_reaped = False  # ...and whether its exit was collected
         self._stopping = False  # the controller asked for the tree to be checked: it stops for good
         self._upload: upload.UploadProcess | None = None
-        self._helpers: dict[int, _Helper] = {}  # verify, restore, manifests: pid -> helper
+        self._helpers: dict[int, _Helper] = {}  # upload, verify, restore, manifests: pid -> helper
         self._verify_job: _VerifyJob | None = None
         self._verified_files: dict[str, int] = {}  # a checkpoint that passed: how many files it had
         self._restore_pid: int | None = None  # the restore's (or manifests') helper
@@ -148,7 +156,6 @@ class Supervisor(Effects):
         self._waiting_uploads: dict[int, core.StartUpload] = {}  # ...and their uploads, waiting for it
         self._held = False  # the controller looks for the checkpoint or restores it: no command yet
         self._opened = self._watching = False
-        self._background: queue.SimpleQueue[core.Input] = queue.SimpleQueue()  # from helper threads
         self._calls: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()  # from helper threads
         self._environ = dict(os.environ if environ is None else environ)
         self._clock = clock
@@ -411,40 +418,18 @@ class Supervisor(Effects):
         if action.step in self._manifest_writes:
             self._waiting_uploads[action.step] = action
             return
-        if upload.needs_path(template) and not action.path:
-            self._feed(core.UploadExited(0, None, error="the trainer reported no checkpoint path "
-                                                  "to put in {path}: report it in saving(step, path)"))
-            return
-        try:
-            self._upload = upload.UploadProcess.start(template, action.path, action.step, self._helper_env(),
-                                                      manifest=self._manifests.get(action.step, ""))
-        except OSError as exc:
-            self._feed(core.UploadExited(0, EXIT_NOT_EXECUTABLE, error=f"cannot start "
-                                                  f"{upload.SHELL}: {exc.strerror or exc}"))
-            return
-        if self._upload.stderr_fd is not None:
-            self._selector.register(self._upload.stderr_fd, selectors.EVENT_READ, self._on_upload_stderr)
-        self._feed(core.UploadStarted(self._upload.pid))
 
-    def _on_upload_stderr(self, key: selectors.SelectorKey) -> None:
-        running = self._upload
-        if running is None or running.stderr_fd != key.fd:
-            self._unregister(key.fd)
-            return
-        if not running.read_stderr():
-            self._unregister(key.fd)
+        def ended(helper: upload.UploadProcess, exited: core.ChildExited) -> None:
+            self._upload = None
+            self._feed(core.UploadExited(exited.pid, exited.code, exited.signal, tuple(helper.tail)))
 
-    def _upload_reaped(self, status: int) -> None:
-        running, self._upload = self._upload, None
-        if running is None:
+        started = self._start_helper(template, action.path, action.step, ended,
+                                     manifest=self._manifests.get(action.step, ""))
+        if isinstance(started, _NotStarted):
+            self._feed(core.UploadExited(0, started.code, error=started.error))
             return
-        fd = running.stderr_fd
-        running.read_stderr()  # what it wrote before it exited is in the pipe now
-        if fd is not None:
-            self._unregister(fd)
-        running.close()
-        ended = _child_exited(running.pid, status)
-        self._feed(core.UploadExited(running.pid, ended.code, ended.signal, tuple(running.tail)))
+        self._upload = started
+        self._feed(core.UploadStarted(started.pid))
 
     def _unregister(self, fd: int) -> None:
         with contextlib.suppress(KeyError, ValueError):
@@ -454,13 +439,12 @@ class Supervisor(Effects):
         """One look at what holds the checkpoint, on a thread: a stat can hang on a dead mount."""
         path = action.path
 
-        def look() -> None:
+        def work() -> Callable[[], None]:
             found = durability.filesystem_of(path)
-            self._background.put(core.FilesystemChecked(path, found.kind, found.fstype, found.mount_point,
-                                                        found.source))
-            self._poke()
+            checked = core.FilesystemChecked(path, found.kind, found.fstype, found.mount_point, found.source)
+            return lambda: self._feed(checked)
 
-        threading.Thread(target=look, name="esiwrap-filesystem", daemon=True).start()
+        self._off_loop(work, "esiwrap-filesystem")
 
     def _helper_env(self) -> dict[str, str]:
         """A helper command's environment: esiwrap's own, less systemd's, with the run's id."""
@@ -480,19 +464,22 @@ class Supervisor(Effects):
 
     def _start_helper(self, template: str, path: str, step: int,
                       ended: Callable[[upload.UploadProcess, core.ChildExited], None], *,
-                      directory: str = "") -> int | str:
-        """Start a helper command; its pid, or why it could not start."""
+                      manifest: str = "", directory: str = "") -> upload.UploadProcess | _NotStarted:
+        """Start a helper command, its own child reaped in the loop (`ended` then), its stderr passed
+        on as it comes; or why it could not start."""
         if upload.needs_path(template) and not path:
-            return "the trainer reported no checkpoint path to put in {path}: report it in saving(step, path)"
+            return _NotStarted("the trainer reported no checkpoint path to put in {path}: report it in "
+                               "saving(step, path)")
         try:
-            helper = upload.UploadProcess.start(template, path, step, self._helper_env(), directory=directory)
+            helper = upload.UploadProcess.start(template, path, step, self._helper_env(), manifest=manifest,
+                                                directory=directory)
         except OSError as exc:
-            return f"cannot start {upload.SHELL}: {exc.strerror or exc}"
+            return _NotStarted(f"cannot start {upload.SHELL}: {exc.strerror or exc}", EXIT_NOT_EXECUTABLE)
         self._helpers[helper.pid] = _Helper(helper, ended)
         if helper.stderr_fd is not None:
             self._selector.register(helper.stderr_fd, selectors.EVENT_READ,
                                     lambda key, helper=helper: self._on_helper_stderr(key, helper))
-        return helper.pid
+        return helper
 
     def _on_helper_stderr(self, key: selectors.SelectorKey, helper: upload.UploadProcess) -> None:
         if not helper.read_stderr():
@@ -502,7 +489,7 @@ class Supervisor(Effects):
         found = self._helpers.pop(pid)
         running = found.process
         fd = running.stderr_fd
-        running.read_stderr()
+        running.read_stderr()  # what it wrote before it exited is in the pipe now
         if fd is not None:
             self._unregister(fd)
         running.close()
@@ -555,12 +542,12 @@ class Supervisor(Effects):
                                        problem=f"--verify {how}{last}", fix=""))
 
         started = self._start_helper(template, action.path, action.step, ended)
-        if isinstance(started, str):
+        if isinstance(started, _NotStarted):
             self._verify_job = None
-            self._feed(answer._replace(ok=False, by="--verify", problem=f"--verify could not run: {started}",
-                                       fix="check the --verify command"))
+            self._feed(answer._replace(ok=False, by="--verify", fix="check the --verify command",
+                                       problem=f"--verify could not run: {started.error}"))
         else:
-            job.pid = started
+            job.pid = started.pid
 
     def stop_verify(self, action: core.StopVerify) -> None:
         """Give the verification up: its command is killed; a built-in check is left to end."""
@@ -635,11 +622,11 @@ class Supervisor(Effects):
             self._off_loop(work, "esiwrap-manifests")
 
         started = self._start_helper(template, "", 0, ended, directory=directory)
-        if isinstance(started, str):
+        if isinstance(started, _NotStarted):
             checkpoints.remove_dir(directory)
-            self._feed(core.ManifestsFetched(None, error=started))
+            self._feed(core.ManifestsFetched(None, error=started.error))
         else:
-            self._restore_pid = started
+            self._restore_pid = started.pid
 
     def start_restore(self, action: core.StartRestore) -> None:
         self._held = True
@@ -654,11 +641,11 @@ class Supervisor(Effects):
             self._feed(core.RestoreExited(exited.pid, exited.code, exited.signal, tuple(helper.tail)))
 
         started = self._start_helper(template, action.path, action.step, ended)
-        if isinstance(started, str):
-            self._feed(core.RestoreExited(0, None, error=started))
+        if isinstance(started, _NotStarted):
+            self._feed(core.RestoreExited(0, None, error=started.error))
             return
-        self._restore_pid = started
-        self._feed(core.RestoreStarted(started))
+        self._restore_pid = started.pid
+        self._feed(core.RestoreStarted(started.pid))
 
     def stop_restore(self, action: core.StopRestore) -> None:
         signum = signal_number(action.signal)
@@ -685,10 +672,9 @@ class Supervisor(Effects):
         """The child's tree as the stop sequence sees it: without the helpers (upload, verify),
         whose end the controller decides (they may have to outlast the child)."""
         remaining = self._tree.remaining()
-        helpers = [*([self._upload.pid] if self._upload is not None else []), *self._helpers]
-        if not helpers:
+        if not self._helpers:
             return remaining
-        theirs = {pid for helper in helpers
+        theirs = {pid for helper in self._helpers
                   for pid in (helper, *(p.pid for p in process.descendants(helper)))}
         return [p for p in remaining if p.pid not in theirs]
 
@@ -724,8 +710,6 @@ class Supervisor(Effects):
         for m in self._prober.drain():
             self._feed(core.StorageProbed(m.path, m.bandwidth_bps, m.written_bytes, m.seconds, m.source,
                                           m.error))
-        while not self._background.empty():
-            self._feed(self._background.get_nowait())
         while not self._calls.empty():
             self._calls.get_nowait()()
 
@@ -782,8 +766,6 @@ class Supervisor(Effects):
                 self._child_reaped = True
                 self._forget_trainer(pid)
                 self._feed(_child_exited(pid, status))
-            elif self._upload is not None and pid == self._upload.pid:
-                self._upload_reaped(status)
             elif pid in self._helpers:
                 self._helper_reaped(pid, status)
             elif pid in self._trainer_fds or pid in self._trainers_polled:
