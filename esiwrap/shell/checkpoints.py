@@ -161,7 +161,8 @@ def remove_dir(directory: str) -> None:
 
 
 def prepare_restore(path: str) -> None:
-    """The directory the checkpoint goes back into exists (the command need not make it)."""
+    """The directory the checkpoint goes back into exists (the command need not make it). On a
+    thread: it may be on a mount that hangs."""
     parent = os.path.dirname(os.path.normpath(path)) if path else ""
     if parent:
         with contextlib.suppress(OSError):

@@ -150,6 +150,7 @@ class Supervisor(Effects):
         self._verify_job: _VerifyJob | None = None
         self._verified_files: dict[str, int] = {}  # a checkpoint that passed: how many files it had
         self._restore_pid: int | None = None  # the restore's (or manifests') helper
+        self._restore_wanted: core.StartRestore | None = None  # asked for, its directory being made
         self._manifests: dict[int, str] = {}  # step -> its manifest file, once written
         self._manifest_files: dict[str, str] = {}  # checkpoint path -> its manifest, written by this run
         self._manifest_writes: set[int] = set()  # steps whose manifest is being written
@@ -634,7 +635,18 @@ class Supervisor(Effects):
         if template is None:
             self._feed(core.RestoreExited(0, None, error="no --restore command"))
             return
-        checkpoints.prepare_restore(action.path)
+        self._restore_wanted = action
+
+        def work() -> Callable[[], None]:  # where it goes back to may be a mount that hangs
+            checkpoints.prepare_restore(action.path)
+            return lambda: self._run_restore(template, action)
+
+        self._off_loop(work, "esiwrap-restore")
+
+    def _run_restore(self, template: str, action: core.StartRestore) -> None:
+        if self._restore_wanted is not action:
+            return  # stopped (cut off, SIGTERM) while its directory was being made
+        self._restore_wanted = None
 
         def ended(helper: upload.UploadProcess, exited: core.ChildExited) -> None:
             self._restore_pid = None
@@ -648,6 +660,7 @@ class Supervisor(Effects):
         self._feed(core.RestoreStarted(started.pid))
 
     def stop_restore(self, action: core.StopRestore) -> None:
+        self._restore_wanted = None
         signum = signal_number(action.signal)
         found = self._helpers.get(self._restore_pid) if self._restore_pid is not None else None
         if found is not None and signum is not None:
