@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -221,6 +222,30 @@ def sources_only_args(ckpt: Path, sources: str, *extra: str) -> list[str]:
         "--no-final-save", *extra, "--",
         PYTHON, str(TINY_TRAINER), "--ckpt-dir", str(ckpt), "--step-seconds", "0.2",
     ]
+
+
+@dataclass
+class Finished:
+    """What a run left once it ended: its events, its exit code and what else it wrote (for tests
+    that start several runs and check them afterwards)."""
+
+    events: list[dict[str, Any]]
+    code: int
+    output: str = ""
+
+    def named(self, name: str) -> list[dict[str, Any]]:
+        return [e for e in self.events if e["event"] == name]
+
+    def index(self, name: str) -> int:
+        return next(i for i, e in enumerate(self.events) if e["event"] == name)
+
+    @property
+    def exit(self) -> dict[str, Any]:
+        return self.named("supervisor_exit")[0]
+
+    @property
+    def deadline(self) -> float:
+        return iso_epoch(self.named("deadline_resolved")[0]["deadline"])
 
 
 def event_time(event: Event) -> float:

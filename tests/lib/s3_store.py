@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -93,3 +94,14 @@ class S3Store:
         with contextlib.suppress(Exception):
             self.proc.wait(timeout=10)
         self.log.close()
+
+
+@contextlib.contextmanager
+def store_with_bucket(workdir: Path, bucket: str) -> Iterator[S3Store]:
+    """A running store with `bucket` in it, closed afterwards (a test module's fixture)."""
+    s3 = S3Store(workdir)
+    try:
+        s3.create_bucket(bucket)
+        yield s3
+    finally:
+        s3.close()

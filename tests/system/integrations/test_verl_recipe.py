@@ -34,7 +34,7 @@ import pytest
 from esiwrap_harness import PYTHON, ROOT, EsiwrapRun, event_time, processes_with_marker, wait_until
 from install_commands import COMMANDS
 from ray_cluster import ray_env
-from s3_store import AWS, S3Store
+from s3_store import AWS, S3Store, store_with_bucket
 
 from esiwrap.errors import EXIT_CHECKPOINTED
 
@@ -66,10 +66,8 @@ def short_tmp() -> Iterator[Path]:
 
 @pytest.fixture
 def store(short_tmp: Path) -> Iterator[S3Store]:
-    s3 = S3Store(short_tmp)
-    s3.create_bucket(BUCKET)
-    yield s3
-    s3.close()
+    with store_with_bucket(short_tmp, BUCKET) as s3:
+        yield s3
 
 
 def container_env(tmp: Path, store: S3Store) -> dict[str, str]:

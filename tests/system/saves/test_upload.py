@@ -18,13 +18,11 @@ import io
 import os
 import subprocess
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
-from esiwrap_harness import PYTHON, TINY_TRAINER, EsiwrapRun, processes_with_marker, wait_until
-from s3_store import S3Store
+from esiwrap_harness import PYTHON, TINY_TRAINER, EsiwrapRun, Finished, processes_with_marker, wait_until
+from s3_store import S3Store, store_with_bucket
 
 from esiwrap.errors import EXIT_CHECKPOINTED, EXIT_NOT_UPLOADED
 from esiwrap.times import iso_epoch
@@ -34,31 +32,10 @@ QUICK = ["--deadline", "+45s", "--stop-grace", "5", "--redundant-time", "6", "--
          "--final-margin", "2", "--unmeasured-factor", "1", "--log-level", "debug"]
 
 
-@dataclass
-class Finished:
-    events: list[dict[str, Any]]
-    code: int
-    other: list[str]
-
-    def named(self, name: str) -> list[dict[str, Any]]:
-        return [e for e in self.events if e["event"] == name]
-
-    def index(self, name: str) -> int:
-        return next(i for i, e in enumerate(self.events) if e["event"] == name)
-
-    @property
-    def deadline(self) -> float:
-        return iso_epoch(self.named("deadline_resolved")[0]["deadline"])
-
-
 @pytest.fixture(scope="module")
 def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Store]:
-    s3 = S3Store(tmp_path_factory.mktemp("s3"))
-    try:
-        s3.create_bucket("ckpt")
+    with store_with_bucket(tmp_path_factory.mktemp("s3"), "ckpt") as s3:
         yield s3
-    finally:
-        s3.close()
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +60,7 @@ def runs(store: S3Store, tmp_path_factory: pytest.TempPathFactory) -> dict[str, 
     try:
         for name, run in started.items():
             code = run.finish(timeout=150)
-            finished[name] = Finished(list(run.events), code, list(run.other_lines))
+            finished[name] = Finished(list(run.events), code, "\n".join(run.other_lines))
     finally:
         for run in started.values():
             run.kill()
@@ -132,7 +109,7 @@ def test_a_failing_upload_never_stops_training_nor_leads_to_exit_75(runs: dict[s
     assert run.code == EXIT_NOT_UPLOADED
     reason = run.named("supervisor_exit")[0]["reason"]
     assert "upload did not finish" in reason and "no checkpoint of this run was uploaded" in reason
-    assert any("NoSuchBucket" in line for line in run.other)  # its stderr reached esiwrap's
+    assert "NoSuchBucket" in run.output  # its stderr reached esiwrap's
 
 
 def test_an_upload_that_cannot_end_before_the_deadline_is_cut_off_in_time(runs: dict[str, Finished]) -> None:

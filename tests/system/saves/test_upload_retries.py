@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from esiwrap_harness import PYTHON, TINY_TRAINER, EsiwrapRun, event_time
-from s3_store import S3Store
+from s3_store import S3Store, store_with_bucket
 
 from esiwrap.errors import EXIT_CHECKPOINTED
 
@@ -40,12 +40,8 @@ os.execvp(sys.argv[3], sys.argv[3:])
 
 @pytest.fixture
 def store(tmp_path: Path) -> Iterator[S3Store]:
-    s3 = S3Store(tmp_path)
-    try:
-        s3.create_bucket("ckpt")
+    with store_with_bucket(tmp_path, "ckpt") as s3:
         yield s3
-    finally:
-        s3.close()
 
 
 def test_an_upload_refused_twice_at_the_stop_is_retried_and_exits_75(tmp_path: Path, store: S3Store,

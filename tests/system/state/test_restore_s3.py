@@ -18,13 +18,11 @@ import json
 import shlex
 import shutil
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
-from esiwrap_harness import PYTHON, TINY_TRAINER, EsiwrapRun
-from s3_store import AWS, S3Store
+from esiwrap_harness import PYTHON, TINY_TRAINER, EsiwrapRun, Finished
+from s3_store import AWS, S3Store, store_with_bucket
 
 from esiwrap.errors import EXIT_CHECKPOINTED, EXIT_NOT_RESTORED
 
@@ -36,31 +34,10 @@ QUICK = ["--deadline", "+30s", "--stop-grace", "5", "--redundant-time", "10", "-
 PREFIX = "s3://ckpt/job"
 
 
-@dataclass
-class Finished:
-    events: list[dict[str, Any]]
-    code: int
-    stdout: str
-
-    def named(self, name: str) -> list[dict[str, Any]]:
-        return [e for e in self.events if e["event"] == name]
-
-    def index(self, name: str) -> int:
-        return next(i for i, e in enumerate(self.events) if e["event"] == name)
-
-    @property
-    def exit(self) -> dict[str, Any]:
-        return self.named("supervisor_exit")[0]
-
-
 @pytest.fixture(scope="module")
 def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Store]:
-    s3 = S3Store(tmp_path_factory.mktemp("s3"))
-    try:
-        s3.create_bucket("ckpt")
+    with store_with_bucket(tmp_path_factory.mktemp("s3"), "ckpt") as s3:
         yield s3
-    finally:
-        s3.close()
 
 
 def commands(store: S3Store, prefix: str = PREFIX) -> list[str]:
@@ -145,7 +122,7 @@ def test_an_empty_instance_restores_from_the_bucket_alone_and_resumes_without_re
     (resumed,) = second.named("resumed")
     assert resumed["checkpoint_step"] == durable == resumed["start_step"] and resumed["steps_redone"] == 0
     assert not second.named("resume_missed")
-    assert f"starting at step {durable}" in second.stdout
+    assert f"starting at step {durable}" in second.output
     assert second.code == EXIT_CHECKPOINTED
     # the job's state came back with the checkpoint: the first run is in its history
     loaded = second.named("trainer_attached")
@@ -173,5 +150,5 @@ def test_a_restore_that_fails_stops_with_66_and_never_starts_training(job: dict[
     assert failed[0]["action"] == "retry in 5 s" and failed[0]["code"] not in (0, None)
     assert any("NoSuchBucket" in line or "does not exist" in line for line in failed[0]["stderr"]), failed[0]
     assert failed[-1]["action"] == f"exit {EXIT_NOT_RESTORED}"
-    assert not failing.named("child_started") and "tiny_trainer" not in failing.stdout
+    assert not failing.named("child_started") and "tiny_trainer" not in failing.output
     assert "--restore could not bring back" in failing.exit["reason"]
