@@ -21,11 +21,7 @@ import one_rank
 def main(workdir: str) -> int:
     import torch
     import torch.distributed as dist
-    from omegaconf import OmegaConf
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
     from transformers import LlamaConfig, LlamaForCausalLM
-    from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
 
     one_rank.init_process_group()
     model_dir = os.path.join(workdir, "model")
@@ -34,18 +30,7 @@ def main(workdir: str) -> int:
     torch.manual_seed(0)
     LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(model_dir)
     model = LlamaForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32)  # verl: fp32 actor
-    mesh = init_device_mesh("cpu", (1,))
-    for layer in model.model.layers:
-        fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    tokens = torch.randint(0, config.vocab_size, (2, 8))
-    model(tokens, labels=tokens).loss.backward()
-    optimizer.step()
-    saved = ["model", "optimizer", "extra"]
-    contents = {"save_contents": saved, "load_contents": saved}
-    manager = FSDPCheckpointManager(model, optimizer, None, processing_class=None,
-                                    checkpoint_config=OmegaConf.create(contents))
+    manager, _optimizer = one_rank.fsdp_checkpoint_manager(model, config.vocab_size)
     root = os.path.join(workdir, "ckpt", "global_step_1")
     manager.save_checkpoint(os.path.join(root, "actor"), global_step=1)
     files = {os.path.relpath(os.path.join(r, f), root): os.path.getsize(os.path.join(r, f))

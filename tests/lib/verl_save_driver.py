@@ -25,30 +25,16 @@ def main(workdir: str) -> int:
     import torch
     import torch.distributed as dist
     from omegaconf import OmegaConf
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
     from torchdata.stateful_dataloader import StatefulDataLoader
     from transformers import LlamaConfig, LlamaForCausalLM
     from verl.trainer.ppo.ray_trainer import RayPPOTrainer
-    from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
 
     one_rank.init_process_group()
     config = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2)
     torch.manual_seed(0)
     model = LlamaForCausalLM(config)
-    mesh = init_device_mesh("cpu", (1,))
-    for layer in model.model.layers:
-        fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    tokens = torch.randint(0, config.vocab_size, (2, 8))
-    model(tokens, labels=tokens).loss.backward()
-    optimizer.step()
-    saved = ["model", "optimizer", "extra"]
-    manager = FSDPCheckpointManager(model, optimizer, None, processing_class=None,
-                                    checkpoint_config=OmegaConf.create({"save_contents": saved,
-                                                                        "load_contents": saved}))
+    manager, _optimizer = one_rank.fsdp_checkpoint_manager(model, config.vocab_size)
     root = os.path.join(workdir, "ckpt")
 
     def save_checkpoint(local_path: str, hdfs_path: str | None, global_step: int,
