@@ -264,30 +264,37 @@ def test_a_verification_that_hangs_while_training_is_given_up() -> None:
     assert any(isinstance(a, core.StopVerify) for a in d.actions)
 
 
-def test_a_sigterm_save_stops_once_it_is_verified() -> None:
-    """SIGTERM: the save at the next boundary, then its verification, then the stop (exit 75)."""
+def sigtermed() -> Driver:
+    """Three steps of 1 s with a deadline an hour away, then SIGTERM: the save is asked for."""
     d = Driver(VERIFYING)
     d.deadline(3600)
     d.hello()
     d.steps(1, 3, 1.0)
     d.feed(core.SignalReceived("SIGTERM"))
+    return d
+
+
+def child_stopped(d: Driver) -> None:
+    """The child died of the stop's SIGTERM and nothing of its tree is left."""
+    d.feed(core.ChildExited(CHILD, None, "SIGTERM", 15))
+    d.feed(core.TreeChecked(0))
+
+
+def test_a_sigterm_save_stops_once_it_is_verified() -> None:
+    """SIGTERM: the save at the next boundary, then its verification, then the stop (exit 75)."""
+    d = sigtermed()
     d.steps(4, 1, 1.0)
     d.save(4, 0.5)
     assert not any(isinstance(a, core.StopChild) for a in d.actions)
     assert d.controller.mode is Mode.DRAINING
     answer(d)
     assert any(isinstance(a, core.StopChild) for a in d.actions)
-    d.feed(core.ChildExited(CHILD, None, "SIGTERM", 15))
-    d.feed(core.TreeChecked(0))
+    child_stopped(d)
     assert exits(d.actions)[0].code == EXIT_CHECKPOINTED
 
 
 def test_a_sigterm_save_that_is_invalid_is_saved_again() -> None:
-    d = Driver(VERIFYING)
-    d.deadline(3600)
-    d.hello()
-    d.steps(1, 3, 1.0)
-    d.feed(core.SignalReceived("SIGTERM"))
+    d = sigtermed()
     d.steps(4, 1, 1.0)
     d.save(4, 0.5)
     before = len(signals(d.actions))
@@ -297,8 +304,7 @@ def test_a_sigterm_save_that_is_invalid_is_saved_again() -> None:
     d.steps(5, 1, 0.5)
     d.save(5, 0.5)
     answer(d)
-    d.feed(core.ChildExited(CHILD, None, "SIGTERM", 15))
-    d.feed(core.TreeChecked(0))
+    child_stopped(d)
     assert exits(d.actions)[0].code == EXIT_CHECKPOINTED
 
 
@@ -317,8 +323,7 @@ def test_the_last_save_waits_for_its_verification_before_the_stop() -> None:
     d.save(step + 1, 0.5, path=f"/ckpt/{step + 1}")
     answer(d)
     assert any(isinstance(a, core.StopChild) for a in d.actions)
-    d.feed(core.ChildExited(CHILD, None, "SIGTERM", 15))
-    d.feed(core.TreeChecked(0))
+    child_stopped(d)
     assert exits(d.actions)[0].code == EXIT_CHECKPOINTED
 
 
@@ -387,17 +392,12 @@ def test_the_valid_checkpoints_failed_upload_is_retried_though_a_newer_one_was_i
 def test_a_sigterm_save_whose_verification_outlasts_the_grace_stops_and_waits_for_it() -> None:
     """Acknowledged, not yet verified when --stop-grace is over: the stop begins (no save_missed),
     and the exit waits for the verification."""
-    d = Driver(VERIFYING)
-    d.deadline(3600)
-    d.hello()
-    d.steps(1, 3, 1.0)
-    d.feed(core.SignalReceived("SIGTERM"))
+    d = sigtermed()
     d.steps(4, 1, 1.0)
     d.save(4, 0.5)
     d.advance(VERIFYING.stop_grace_s)
     assert any(isinstance(a, core.StopChild) for a in d.actions) and not logs(d.actions, "save_missed")
-    d.feed(core.ChildExited(CHILD, None, "SIGTERM", 15))
-    d.feed(core.TreeChecked(0))
+    child_stopped(d)
     assert d.controller.mode is Mode.VERIFYING
     answer(d)
     assert exits(d.actions)[0].code == EXIT_CHECKPOINTED
@@ -415,16 +415,11 @@ def test_a_child_that_exits_75_itself_keeps_its_code() -> None:
 def test_a_sigterm_save_stops_once_verified_though_training_went_on_meanwhile() -> None:
     """The trainer keeps stepping while its save is verified: the save asked for after the
     SIGTERM still counts, and the stop follows its verification."""
-    d = Driver(VERIFYING)
-    d.deadline(3600)
-    d.hello()
-    d.steps(1, 3, 1.0)
-    d.feed(core.SignalReceived("SIGTERM"))
+    d = sigtermed()
     d.steps(4, 1, 1.0)
     d.save(4, 0.5)
     d.steps(5, 2, 0.25)
     answer(d)
     assert any(isinstance(a, core.StopChild) for a in d.actions)
-    d.feed(core.ChildExited(CHILD, None, "SIGTERM", 15))
-    d.feed(core.TreeChecked(0))
+    child_stopped(d)
     assert exits(d.actions)[0].code == EXIT_CHECKPOINTED
