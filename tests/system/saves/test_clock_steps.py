@@ -35,15 +35,21 @@ def stepped(run: EsiwrapRun, clock: WallClock, seconds: float) -> None:
     clock.step(seconds)
 
 
+def stepped_run(tmp: Path, clock: WallClock, deadline: str, seconds: float, *trainer: str,
+                timeout: float = 120) -> tuple[EsiwrapRun, int]:
+    """A run whose wall clock steps by `seconds` after four steps; the run and its exit code."""
+    run = start(tmp, clock, deadline, *trainer)
+    try:
+        stepped(run, clock, seconds)
+        return run, run.finish(timeout=timeout)
+    finally:
+        run.kill()
+
+
 @pytest.mark.parametrize("seconds", [30.0, -30.0])
 def test_a_step_mid_run_is_named_and_the_run_still_ends_in_75_before_its_deadline(
         tmp_path: Path, wall_clock: WallClock, seconds: float) -> None:
-    run = start(tmp_path, wall_clock, "+45s")
-    try:
-        stepped(run, wall_clock, seconds)
-        code = run.finish(timeout=150)
-    finally:
-        run.kill()
+    run, code = stepped_run(tmp_path, wall_clock, "+45s", seconds, timeout=150)
     assert code == EXIT_CHECKPOINTED, run.story()
     (jumped,) = [e for e in run.events if e["event"] == "clock_jumped"]
     assert jumped["direction"] == ("forward" if seconds > 0 else "back")
@@ -57,12 +63,7 @@ def test_a_step_mid_run_is_named_and_the_run_still_ends_in_75_before_its_deadlin
 
 def test_a_step_past_the_deadline_gets_a_last_chance_save_and_exit_75(
         tmp_path: Path, wall_clock: WallClock) -> None:
-    run = start(tmp_path, wall_clock, "+60s")
-    try:
-        stepped(run, wall_clock, 120.0)
-        code = run.finish(timeout=120)
-    finally:
-        run.kill()
+    run, code = stepped_run(tmp_path, wall_clock, "+60s", 120.0)
     assert code == EXIT_CHECKPOINTED, run.story()
     (alive,) = [e for e in run.events if e["event"] == "deadline_passed_alive"]
     assert alive["clock_jump"]["jump_s"] > 100
@@ -75,12 +76,7 @@ def test_a_step_past_the_deadline_gets_a_last_chance_save_and_exit_75(
 def test_a_last_chance_save_that_cannot_finish_is_a_76_that_names_the_jump(
         tmp_path: Path, wall_clock: WallClock) -> None:
     """Saves take 30 s, --stop-grace is 5 s: the last-chance save begins and is cut off."""
-    run = start(tmp_path, wall_clock, "+60s", "--save-seconds", "30")
-    try:
-        stepped(run, wall_clock, 120.0)
-        code = run.finish(timeout=120)
-    finally:
-        run.kill()
+    run, code = stepped_run(tmp_path, wall_clock, "+60s", 120.0, "--save-seconds", "30")
     assert code == EXIT_SAVE_MISSED, run.story()
     (missed,) = [e for e in run.events if e["event"] == "save_missed"]
     assert missed["clock_jump"]["jump_s"] > 100 and "wall clock jumped" in missed["reason"]
